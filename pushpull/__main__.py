@@ -1,0 +1,5 @@
+import sys
+
+from pushpull.cli import main
+
+sys.exit(main())
