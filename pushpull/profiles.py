@@ -184,3 +184,22 @@ class Profile:
         except json.JSONDecodeError as e:
             raise ProfileError(f"{p}: not valid JSON ({e})") from None
         return cls.from_dict(d, origin=str(p))
+
+
+BUILTIN_DIR = Path(__file__).parent / "data" / "profiles"
+
+
+def builtin_names() -> list[str]:
+    """Names of the profiles shipped with pushpull (``pushpull/data/profiles``)."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a shipped profile by name (``resnet50``) or any profile file by path."""
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        return Profile.load(p)
+    candidate = BUILTIN_DIR / f"{name_or_path}.json"
+    if not candidate.exists():
+        raise ProfileError(f"no profile named {str(name_or_path)!r}; shipped: {', '.join(builtin_names()) or 'none'}")
+    return Profile.load(candidate)
