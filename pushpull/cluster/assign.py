@@ -1,0 +1,75 @@
+"""Tensor name -> key and partition -> server, decided once by the scheduler.
+
+Deciding centrally makes keys identical on every worker whatever order they
+declare tensors in, lets the 'balanced' policy place partitions on the least
+loaded server by bytes (hashing leaves servers unevenly loaded), and lets the
+first disagreement about a tensor's shape or dtype be reported to every worker.
+"""
+from __future__ import annotations
+
+PART_BITS = 24  # key = tensor_id << PART_BITS | partition index
+
+
+def part_key(tensor_key: int, part: int) -> int:
+    return (tensor_key << PART_BITS) | part
+
+
+def _djb2(s: str) -> int:
+    h = 5381
+    for c in s.encode():
+        h = ((h << 5) + h + c) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _sdbm(s: str) -> int:
+    h = 0
+    for c in s.encode():
+        h = (c + (h << 6) + (h << 16) - h) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+HASHES = {
+    "djb2": _djb2,
+    "sdbm": _sdbm,
+    "naive": lambda s: int(s),
+    "built_in": lambda s: int(s) * 2654435761 & 0xFFFFFFFF,
+}
+
+
+class Assigner:
+    def __init__(self, num_servers: int, policy: str = "balanced"):
+        self.num_servers = num_servers
+        self.policy = policy
+        self.load = [0] * num_servers
+        self.tensors: dict[str, dict] = {}
+
+    def assign(self, rank: int, req: dict) -> dict:
+        name = str(req["name"])
+        decl = {"shape": list(req["shape"]), "dtype": str(req["dtype"]), "parts": [int(p) for p in req["parts"]]}
+        known = self.tensors.get(name)
+        if known is not None:
+            if known["decl"] != decl:
+                return {"error": (
+                    f"tensor {name!r} differs across workers: rank {known['rank']} declared "
+                    f"{known['decl']['dtype']}{known['decl']['shape']}, rank {rank} declared "
+                    f"{decl['dtype']}{decl['shape']}")}
+            return known["result"]
+        if self.num_servers == 0:
+            return {"error": f"tensor {name!r}: there are no servers (DMLC_NUM_SERVER=0)"}
+        key = len(self.tensors) + 1
+        servers = []
+        for i, nbytes in enumerate(decl["parts"]):
+            if self.policy == "balanced":
+                s = min(range(self.num_servers), key=lambda j: (self.load[j], j))
+            else:
+                s = HASHES[self.policy](str(part_key(key, i))) % self.num_servers
+            self.load[s] += nbytes
+            servers.append(s)
+        result = {"key": key, "servers": servers}
+        self.tensors[name] = {"rank": rank, "decl": decl, "result": result}
+        return result
+
+    def imbalance(self) -> float:
+        """max load / mean load - 1 (0 = perfectly balanced)."""
+        mean = sum(self.load) / max(1, len(self.load))
+        return max(self.load) / mean - 1 if mean else 0.0

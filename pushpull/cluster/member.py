@@ -1,0 +1,153 @@
+"""The client side of membership, shared by servers and workers.
+
+Registers with the scheduler, receives the address book, sends heartbeats and
+notices when the scheduler itself goes silent, runs barriers, and surfaces
+NODE_FAILED / TERMINATE / ERROR messages to its owner through callbacks. Every
+wait has a deadline and fails with a message saying what was missing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from pushpull.cluster import nodes
+from pushpull.config import Config
+from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, encode_json
+from pushpull.transport.van import Van
+
+log = logging.getLogger(__name__)
+
+SCHED = "scheduler"
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot go on: a node died, the scheduler is gone, a wait timed out."""
+
+
+class Member:
+    """A node's link to the scheduler. Lives on its owner's :class:`Van`."""
+
+    def __init__(self, van: Van, cfg: Config, info: dict,
+                 on_message: Callable[[Msg], None] | None = None):
+        self.van = van
+        self.cfg = cfg
+        self.info = dict(info, pid=os.getpid(), hostname=socket.gethostname())
+        self.on_message = on_message
+        self.book: dict | None = None
+        self.node_id: int | None = None
+        self.failure: str | None = None
+        self.terminated = threading.Event()
+        self._registered = threading.Event()
+        self._barriers: dict[int, threading.Event] = {}
+        self._barrier_seq = 0
+        self._last_heard = time.monotonic()
+        self._lock = threading.Lock()
+        self._failure_callbacks: list[Callable[[str], None]] = []
+        identity = f"{info['role']}-{os.getpid()}-{id(self)}".encode()
+        addr = f"tcp://{cfg.root_uri}:{cfg.root_port}"
+        van.connect_dealer(SCHED, addr, identity, self._handle)
+        van.call_later(0.0, self._heartbeat, every=cfg.heartbeat_interval)
+
+    # ------------------------------------------------------------ requests --
+    def register(self) -> dict:
+        """Register and block until the scheduler sends the address book."""
+        self.van.send(SCHED, Header(MsgType.REGISTER), [encode_json(self.info)])
+        deadline = time.monotonic() + self.cfg.timeout
+        while not self._registered.wait(0.1):
+            self.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"no answer from the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} within "
+                    f"{self.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT): is it running, and do DMLC_NUM_WORKER / "
+                    f"DMLC_NUM_SERVER match the processes started?")
+        self.raise_if_failed()
+        assert self.book is not None
+        return self.book
+
+    def barrier(self, group: str = "worker") -> None:
+        """Wait until every node of ``group`` ('worker' or 'all') reached this barrier."""
+        with self._lock:
+            self._barrier_seq += 1
+            seq = self._barrier_seq
+            ev = self._barriers[seq] = threading.Event()
+        self.van.send(SCHED, Header(MsgType.BARRIER, sender=self.node_id or 0, key=seq),
+                      [encode_json({"group": group})])
+        deadline = time.monotonic() + self.cfg.timeout
+        while not ev.wait(0.1):
+            self.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"barrier {seq} ({group}) not released within {self.cfg.timeout:.0f}s")
+
+    def send(self, header: Header, frames: list = ()) -> None:
+        header.sender = self.node_id if self.node_id is not None else -2
+        self.van.send(SCHED, header, frames)
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Tell the scheduler this worker is done and wait until every worker is."""
+        self.van.send(SCHED, Header(MsgType.FINISH, sender=self.node_id or 0))
+        if not self.terminated.wait(timeout or self.cfg.timeout):
+            log.warning("scheduler did not confirm shutdown within the timeout; leaving anyway")
+
+    def on_failure(self, fn: Callable[[str], None]) -> None:
+        self._failure_callbacks.append(fn)
+
+    def raise_if_failed(self) -> None:
+        if self.failure:
+            raise ClusterError(self.failure)
+
+    def fail(self, reason: str) -> None:
+        if self.failure:
+            return
+        self.failure = reason
+        log.error("%s", reason)
+        for fn in self._failure_callbacks:
+            try:
+                fn(reason)
+            except Exception:
+                log.exception("failure callback failed")
+
+    # ------------------------------------------------------------ I/O thread --
+    def _heartbeat(self) -> None:
+        if self.terminated.is_set():
+            return
+        silent = time.monotonic() - self._last_heard
+        if silent > self.cfg.heartbeat_timeout and self._registered.is_set():
+            self.fail(f"the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} has been silent for "
+                      f"{silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); it has died")
+            return
+        if self.node_id is not None:
+            self.van.send(SCHED, Header(MsgType.HEARTBEAT, sender=self.node_id))
+
+    def _handle(self, msg: Msg) -> None:
+        self._last_heard = time.monotonic()
+        t = msg.header.type
+        if t == MsgType.REGISTER_ACK:
+            self.book = decode_json(msg.body())
+            self.node_id = int(self.book["node_id"])
+            self._registered.set()
+        elif t == MsgType.HEARTBEAT_ACK:
+            pass
+        elif t == MsgType.BARRIER_RELEASE:
+            with self._lock:
+                ev = self._barriers.pop(msg.header.key, None)
+            if ev:
+                ev.set()
+        elif t == MsgType.NODE_FAILED:
+            d = decode_json(msg.body())
+            self.fail(f"{d.get('who', 'a node')} failed: {d.get('reason', 'unknown reason')}")
+        elif t == MsgType.TERMINATE:
+            self.terminated.set()
+            if self.on_message:
+                self.on_message(msg)
+        elif t == MsgType.ERROR and not self._registered.is_set():
+            d = decode_json(msg.body())
+            self.fail(f"the scheduler refused registration: {d.get('error')}")
+            self._registered.set()
+        elif self.on_message:
+            self.on_message(msg)
+        else:
+            log.warning("unexpected %s from the scheduler ignored", t.name)

@@ -1,0 +1,217 @@
+"""The scheduler process: rendezvous, address book, barriers, heartbeats,
+tensor-to-server assignment and orderly shutdown.
+
+It is the one place that sees every node, so it is also where mistakes that
+would otherwise hang a job are turned into messages: a registration that never
+completes names the missing ranks, a tensor declared with different shapes on
+two workers is reported to every worker, a silent node is declared dead.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from pushpull.cluster import nodes
+from pushpull.cluster.assign import Assigner
+from pushpull.config import Config
+from pushpull.transport.protocol import Header, Msg, MsgType, ProtocolError, decode_json, encode_json
+from pushpull.transport.van import Van
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeInfo:
+    identity: bytes
+    role: str
+    node_id: int
+    info: dict
+    last_seen: float = field(default_factory=time.monotonic)
+    finished: bool = False
+
+    @property
+    def who(self) -> str:
+        return f"{nodes.describe(self.node_id)} (pid {self.info.get('pid')} on {self.info.get('hostname')})"
+
+
+class Scheduler:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.van = Van("scheduler")
+        self.num_servers = cfg.num_server
+        self.num_workers: int | None = None   # learnt from the first worker's declared size
+        self.workers: dict[int, NodeInfo] = {}
+        self.servers: list[NodeInfo] = []
+        self.by_identity: dict[bytes, NodeInfo] = {}
+        self.ready = False
+        self.started = time.monotonic()
+        self.barriers: dict[tuple[str, int], set[bytes]] = {}
+        self.assigner: Assigner | None = None
+        self.exit_code = 0
+        bind = "0.0.0.0"
+        self.port = self.van.bind_router("nodes", bind, cfg.root_port, self._handle)
+        self.van.call_later(cfg.heartbeat_interval, self._check, every=cfg.heartbeat_interval)
+
+    def run(self) -> int:
+        log.info("scheduler listening on port %d, expecting %d server(s)", self.port, self.num_servers)
+        self.van.run_forever()
+        return self.exit_code
+
+    # ------------------------------------------------------------ helpers --
+    def _send(self, node: NodeInfo | bytes, header: Header, frames: list = ()) -> None:
+        identity = node.identity if isinstance(node, NodeInfo) else node
+        header.sender = nodes.SCHEDULER
+        self.van.send("nodes", header, list(frames), identity=identity)
+
+    def _all(self) -> list[NodeInfo]:
+        return list(self.workers.values()) + self.servers
+
+    def _error(self, identity: bytes, text: str, key: int = 0) -> None:
+        self._send(identity, Header(MsgType.ERROR, key=key), [encode_json({"error": text})])
+
+    def _stop(self, code: int) -> None:
+        self.exit_code = code
+        # give the I/O thread a moment to flush the last messages
+        self.van.call_later(0.3, lambda: self.van.stop(join=False))
+
+    # ------------------------------------------------------------ dispatch --
+    def _handle(self, identity: bytes, msg: Msg) -> None:
+        t = msg.header.type
+        node = self.by_identity.get(identity)
+        if node is not None:
+            node.last_seen = time.monotonic()
+        try:
+            if t == MsgType.REGISTER:
+                self._register(identity, decode_json(msg.body()))
+            elif node is None:
+                self._error(identity, f"{t.name} from an unregistered node")
+            elif t == MsgType.HEARTBEAT:
+                self._send(node, Header(MsgType.HEARTBEAT_ACK))
+            elif t == MsgType.BARRIER:
+                self._barrier(node, msg.header.key, decode_json(msg.body()).get("group", "worker"))
+            elif t == MsgType.ASSIGN:
+                self._assign(node, msg)
+            elif t == MsgType.FINISH:
+                self._finish(node)
+            else:
+                self._error(identity, f"the scheduler does not handle {t.name}")
+        except ProtocolError as e:
+            log.warning("bad %s from %r: %s", t.name, identity, e)
+            self._error(identity, f"bad {t.name}: {e}")
+
+    # ------------------------------------------------------------ registration --
+    def _register(self, identity: bytes, info: dict) -> None:
+        role = info.get("role")
+        if self.ready:
+            self._error(identity, "the job is already running; a late node cannot join")
+            return
+        if role == "server":
+            if len(self.servers) >= self.num_servers:
+                self._error(identity, f"DMLC_NUM_SERVER={self.num_servers} servers have registered already")
+                return
+            node = NodeInfo(identity, role, nodes.server_node(len(self.servers)), info)
+            self.servers.append(node)
+        elif role == "worker":
+            rank, size = int(info.get("rank", -1)), int(info.get("size", 0))
+            if self.num_workers is None:
+                self.num_workers = size
+            if size != self.num_workers:
+                self._error(identity, f"worker rank {rank} says the job has {size} workers, but earlier "
+                                      f"workers said {self.num_workers}: check DMLC_NUM_WORKER / "
+                                      f"BYTEPS_LOCAL_SIZE on every machine")
+                return
+            if not 0 <= rank < size:
+                self._error(identity, f"worker rank {rank} is outside 0..{size - 1}")
+                return
+            if rank in self.workers:
+                self._error(identity, f"two workers claim rank {rank} ({self.workers[rank].info.get('hostname')} "
+                                      f"and {info.get('hostname')}): check DMLC_WORKER_ID / BYTEPS_LOCAL_RANK")
+                return
+            node = NodeInfo(identity, role, rank, info)
+            self.workers[rank] = node
+        else:
+            self._error(identity, f"unknown role {role!r}")
+            return
+        self.by_identity[identity] = node
+        log.info("registered %s", node.who)
+        if self.num_workers is not None and len(self.workers) == self.num_workers \
+                and len(self.servers) == self.num_servers:
+            self._start_job()
+
+    def _start_job(self) -> None:
+        self.ready = True
+        self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
+        servers = [{"rank": i, "host": s.info["host"], "port": s.info["port"]} for i, s in enumerate(self.servers)]
+        workers = [{"rank": r, "hostname": w.info.get("hostname"), "local_rank": w.info.get("local_rank")}
+                   for r, w in sorted(self.workers.items())]
+        for node in self._all():
+            book = {"node_id": node.node_id, "num_workers": self.num_workers, "num_servers": self.num_servers,
+                    "servers": servers, "workers": workers}
+            self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(book)])
+        log.info("job started: %d workers, %d servers", self.num_workers, self.num_servers)
+
+    # ------------------------------------------------------------ barrier --
+    def _barrier(self, node: NodeInfo, seq: int, group: str) -> None:
+        members = self.workers.values() if group == "worker" else self._all()
+        arrived = self.barriers.setdefault((group, seq), set())
+        arrived.add(node.identity)
+        if len(arrived) == len(list(members)):
+            for m in members:
+                self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
+            del self.barriers[(group, seq)]
+
+    # ------------------------------------------------------------ assignment --
+    def _assign(self, node: NodeInfo, msg: Msg) -> None:
+        assert self.assigner is not None
+        req = decode_json(msg.body())
+        result = self.assigner.assign(node.node_id, req)
+        if "error" in result:
+            # every worker must learn of it, not only the one that asked
+            text = result["error"]
+            for w in self.workers.values():
+                self._send(w, Header(MsgType.ERROR, req_id=msg.header.req_id, extra=1),
+                           [encode_json({"error": text, "tensor": req.get("name")})])
+            return
+        self._send(node, Header(MsgType.ASSIGN_ACK, req_id=msg.header.req_id), [encode_json(result)])
+
+    # ------------------------------------------------------------ liveness --
+    def _check(self) -> None:
+        now = time.monotonic()
+        if not self.ready:
+            if now - self.started > self.cfg.timeout:
+                missing_w = ("?" if self.num_workers is None else
+                             sorted(set(range(self.num_workers)) - set(self.workers)))
+                text = (f"registration incomplete after {self.cfg.timeout:.0f}s: "
+                        f"{len(self.workers)} worker(s) registered (missing ranks: {missing_w}), "
+                        f"{len(self.servers)} of {self.num_servers} server(s)")
+                log.error(text)
+                for n in self._all():
+                    self._error(n.identity, text)
+                self._stop(1)
+            return
+        for n in self._all():
+            if n.finished:
+                continue
+            silent = now - n.last_seen
+            if silent > self.cfg.heartbeat_timeout:
+                reason = f"no heartbeat for {silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})"
+                log.error("%s failed: %s", n.who, reason)
+                for m in self._all():
+                    if m is not n:
+                        self._send(m, Header(MsgType.NODE_FAILED),
+                                   [encode_json({"who": n.who, "node": n.node_id, "reason": reason})])
+                self._stop(1)
+                return
+
+    def _finish(self, node: NodeInfo) -> None:
+        node.finished = True
+        if all(w.finished for w in self.workers.values()):
+            log.info("all workers finished; terminating")
+            for n in self._all():
+                self._send(n, Header(MsgType.TERMINATE))
+            self._stop(0)
+
+
+def run_scheduler(cfg: Config) -> int:
+    return Scheduler(cfg).run()

@@ -1,0 +1,321 @@
+"""Every setting of pushpull, parsed and validated in one place.
+
+Each setting has a ``PUSHPULL_*`` environment variable and, where BytePS or
+ps-lite had one, the BytePS name as an alias, so BytePS launch scripts keep
+working. A bad value fails at start-up with a message naming the variable and
+what it accepts, instead of a hang or a late crash.
+
+``docs/configuration.md`` is generated from :data:`SETTINGS` (``pushpull config
+--markdown``) and a test keeps the two in sync.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+
+class ConfigError(ValueError):
+    """A setting has a value it cannot accept; the message names the variable."""
+
+
+# ---------------------------------------------------------------- parsers ---
+
+def _bool(s: str) -> bool:
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 0/1, true/false, yes/no or on/off")
+
+
+def _int_min(lo: int) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        v = int(s.strip(), 0)
+        if v < lo:
+            raise ValueError(f"expected an integer >= {lo}")
+        return v
+    parse.__doc__ = f"integer >= {lo}"
+    return parse
+
+
+def _float_pos(s: str) -> float:
+    v = float(s)
+    if not v > 0:
+        raise ValueError("expected a number > 0")
+    return v
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(s: str) -> str:
+        v = s.strip().lower()
+        if v not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return v
+    parse.__doc__ = " | ".join(choices)
+    return parse
+
+
+def _str(s: str) -> str:
+    return s
+
+
+def _opt_int(s: str) -> int | None:
+    return None if s.strip() == "" else _int_min(0)(s)
+
+
+_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal")
+
+
+# ---------------------------------------------------------------- table ------
+
+@dataclass(frozen=True)
+class Setting:
+    name: str                   # attribute name on Config
+    env: str                    # canonical PUSHPULL_* variable
+    aliases: tuple[str, ...]    # BytePS / ps-lite names accepted too
+    default: Any
+    parse: Callable[[str], Any]
+    accepts: str                # human description of accepted values
+    doc: str
+
+
+def S(name, aliases, default, parse, accepts, doc) -> Setting:
+    return Setting(name, "PUSHPULL_" + name.upper(), tuple(aliases), default, parse, accepts, doc)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- cluster / roles
+    S("role", ["DMLC_ROLE"], "worker", _choice("worker", "server", "scheduler"),
+      "worker | server | scheduler", "Role of this process when started by the launcher from the environment."),
+    S("root_uri", ["DMLC_PS_ROOT_URI"], "127.0.0.1", _str, "host name or IP",
+      "Address of the scheduler."),
+    S("root_port", ["DMLC_PS_ROOT_PORT"], 9000, _int_min(1), "port 1..65535",
+      "Port the scheduler listens on."),
+    S("num_worker", ["DMLC_NUM_WORKER"], 1, _int_min(1), "integer >= 1",
+      "Number of worker machines (each runs local_size worker processes)."),
+    S("num_server", ["DMLC_NUM_SERVER"], 1, _int_min(0), "integer >= 0",
+      "Number of server processes."),
+    S("worker_id", ["DMLC_WORKER_ID"], None, _opt_int, "integer >= 0",
+      "Index of this worker machine; rank = local_rank + worker_id * local_size. "
+      "If unset, taken from torchrun (RANK), SLURM (SLURM_PROCID) or Open MPI (OMPI_COMM_WORLD_RANK)."),
+    S("node_host", ["DMLC_NODE_HOST"], None, lambda s: s or None, "host name or IP",
+      "Address other nodes use to reach this node (servers bind and advertise it)."),
+    S("interface", ["DMLC_INTERFACE"], None, lambda s: s or None, "network interface name",
+      "Interface whose address is advertised when node_host is unset."),
+    S("local_rank", ["BYTEPS_LOCAL_RANK"], None, _opt_int, "integer >= 0",
+      "Rank of this worker process on its machine (set by the launcher)."),
+    S("local_size", ["BYTEPS_LOCAL_SIZE"], None, _opt_int, "integer >= 1",
+      "Worker processes per machine (set by the launcher)."),
+    S("force_distributed", ["BYTEPS_FORCE_DISTRIBUTED"], False, _bool, "0 | 1",
+      "Use the servers even with a single worker process (otherwise size()==1 reduces locally)."),
+    # --- worker data path
+    S("partition_bytes", ["BYTEPS_PARTITION_BYTES"], 4096000, _int_min(1024), "integer >= 1024",
+      "Tensors larger than this are split into partitions of at most this many bytes."),
+    S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], 0, _int_min(0), "integer >= 0 (0 = unlimited)",
+      "Credit in partitions: how many partitions may be in flight at once (0 = no limit, scheduling off)."),
+    S("min_compress_bytes", ["BYTEPS_MIN_COMPRESS_BYTES"], 65536, _int_min(0), "integer >= 0",
+      "Tensors smaller than this are sent uncompressed."),
+    S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
+      "Threads for compression/decompression on the worker (0 = on the communication thread)."),
+    S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),
+      "balanced | djb2 | sdbm | naive | built_in",
+      "How partitions are mapped to servers: 'balanced' assigns by bytes (least loaded first); the others hash the key as BytePS does."),
+    S("strategy", [], "wfbp", _choice("bsp", "wfbp", "fusion", "mgwfbp", "bytescheduler"),
+      "bsp | wfbp | fusion | mgwfbp | bytescheduler", "Communication strategy used by DistributedOptimizer."),
+    S("backend", [], "ps", _choice("ps", "allreduce"), "ps | allreduce",
+      "Reduce gradients through the parameter servers or through torch.distributed all-reduce."),
+    S("fusion_threshold_bytes", [], 64 * 1024 * 1024, _int_min(1), "integer >= 1",
+      "Tensor-fusion buffer size for the 'fusion' strategy."),
+    S("fusion_cycle_ms", [], 1.0, _float_pos, "number > 0", "Tensor-fusion cycle time in milliseconds."),
+    # --- server
+    S("server_engine_thread", ["BYTEPS_SERVER_ENGINE_THREAD"], 4, _int_min(1), "integer >= 1",
+      "Summation threads per server."),
+    S("server_enable_schedule", ["BYTEPS_SERVER_ENABLE_SCHEDULE"], False, _bool, "0 | 1",
+      "Server sums keys with fewer pushes outstanding first."),
+    S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
+      "Asynchronous training: workers push parameter deltas, pulls return the server's parameters at once."),
+    # --- liveness
+    S("timeout", [], 120.0, _float_pos, "seconds > 0",
+      "Longest wait for any reply (registration, barrier, a push_pull) before an error names what is missing."),
+    S("heartbeat_interval", [], 1.0, _float_pos, "seconds > 0", "How often nodes tell the scheduler they are alive."),
+    S("heartbeat_timeout", [], 15.0, _float_pos, "seconds > 0",
+      "A node silent this long is declared dead and every node is told."),
+    # --- observability
+    S("log_level", ["BYTEPS_LOG_LEVEL"], "warning", _choice(*_LOG_LEVELS),
+      " | ".join(_LOG_LEVELS), "Logging level."),
+    S("trace_on", ["BYTEPS_TRACE_ON"], False, _bool, "0 | 1", "Write a Chrome-trace timeline per worker."),
+    S("trace_start_step", ["BYTEPS_TRACE_START_STEP"], 10, _int_min(0), "integer >= 0", "First traced step."),
+    S("trace_end_step", ["BYTEPS_TRACE_END_STEP"], 20, _int_min(0), "integer >= 0", "Last traced step."),
+    S("trace_dir", ["BYTEPS_TRACE_DIR"], "./trace", _str, "directory", "Where timelines are written."),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass
+class Config:
+    """Resolved settings; build with :func:`load_config`."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def replace(self, **kw: Any) -> "Config":
+        unknown = set(kw) - set(_BY_NAME)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values = dict(self.values)
+        values.update(kw)
+        return Config(values, dict(self.sources))
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Read every setting from ``env`` (default ``os.environ``).
+
+    The ``PUSHPULL_*`` name wins over an alias; a malformed value raises
+    :class:`ConfigError` naming the variable, the value and what it accepts.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for s in SETTINGS:
+        for var in (s.env, *s.aliases):
+            raw = env.get(var)
+            if raw is None:
+                continue
+            try:
+                values[s.name] = s.parse(raw)
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"{var}={raw!r} is invalid: {e}; {var} accepts {s.accepts}") from None
+            sources[s.name] = var
+            break
+        else:
+            values[s.name] = s.default
+            sources[s.name] = "default"
+    cfg = Config(values, sources)
+    _check_consistency(cfg)
+    return cfg
+
+
+def _check_consistency(cfg: Config) -> None:
+    if cfg.trace_end_step < cfg.trace_start_step:
+        raise ConfigError(
+            f"{cfg.sources['trace_end_step']}={cfg.trace_end_step} is before "
+            f"{cfg.sources['trace_start_step']}={cfg.trace_start_step}")
+    if cfg.root_port > 65535:
+        raise ConfigError(f"{cfg.sources['root_port']}={cfg.root_port} is invalid; accepts port 1..65535")
+    if cfg.local_size is not None and cfg.local_size < 1:
+        raise ConfigError(f"{cfg.sources['local_size']}={cfg.local_size} is invalid; accepts integer >= 1")
+    if cfg.local_rank is not None and cfg.local_size is not None and cfg.local_rank >= cfg.local_size:
+        raise ConfigError(f"{cfg.sources['local_rank']}={cfg.local_rank} must be < "
+                          f"{cfg.sources['local_size']}={cfg.local_size}")
+
+
+def python_log_level(cfg: Config) -> int:
+    import logging
+
+    name = {"trace": "DEBUG", "fatal": "CRITICAL"}.get(cfg.log_level, cfg.log_level.upper())
+    return getattr(logging, name)
+
+
+def markdown_table() -> str:
+    """The configuration reference, as written to ``docs/configuration.md``."""
+    lines = [
+        "# Configuration",
+        "",
+        "Every setting is read once at start-up by `pushpull/config.py`. The `PUSHPULL_*` name",
+        "wins over its BytePS alias. A malformed value stops the process with a message naming",
+        "the variable and what it accepts. Print the resolved values with `pushpull config`.",
+        "",
+        "Generated by `pushpull config --markdown`; `tests/test_config.py` keeps it in sync.",
+        "",
+        "| variable | aliases | default | accepts | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        aliases = ", ".join(f"`{a}`" for a in s.aliases) or "-"
+        default = "unset" if s.default is None else (int(s.default) if isinstance(s.default, bool) else s.default)
+        lines.append(f"| `{s.env}` | {aliases} | `{default}` | {s.accepts} | {s.doc} |")
+    lines.append("")
+    lines.append("Rank discovery for workers, when `DMLC_WORKER_ID` is unset: torchrun (`RANK`, `LOCAL_RANK`,")
+    lines.append("`LOCAL_WORLD_SIZE`, `WORLD_SIZE`), SLURM (`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`,")
+    lines.append("`SLURM_NTASKS_PER_NODE`) and Open MPI (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,")
+    lines.append("`OMPI_COMM_WORLD_LOCAL_SIZE`, `OMPI_COMM_WORLD_SIZE`) are read in that order.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pushpull config", description="Print every setting and its resolved value.")
+    p.add_argument("--markdown", action="store_true", help="print the docs/configuration.md table")
+    args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown_table(), end="")
+        return 0
+    try:
+        cfg = load_config()
+    except ConfigError as e:
+        print(f"pushpull config: {e}")
+        return 2
+    for s in SETTINGS:
+        print(f"{s.env:<36} {cfg.values[s.name]!s:<16} ({cfg.sources[s.name]})")
+    return 0
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    rank: int
+    local_rank: int
+    local_size: int
+    size: int
+    source: str
+
+
+def worker_identity(cfg: Config, env: Mapping[str, str] | None = None) -> WorkerIdentity:
+    """Where this worker process sits: BytePS variables first, then torchrun,
+    SLURM and Open MPI, so a job started by any of them needs no extra flags."""
+    env = os.environ if env is None else env
+
+    def geti(name: str) -> int | None:
+        raw = env.get(name)
+        if raw is None or raw == "":
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is invalid; accepts an integer") from None
+
+    if cfg.worker_id is not None or not any(
+            k in env for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")):
+        local_size = cfg.local_size or 1
+        local_rank = cfg.local_rank or 0
+        worker_id = cfg.worker_id or 0
+        if worker_id >= cfg.num_worker:
+            raise ConfigError(f"{cfg.sources.get('worker_id', 'DMLC_WORKER_ID')}={worker_id} must be < "
+                              f"{cfg.sources['num_worker']}={cfg.num_worker}")
+        return WorkerIdentity(local_rank + worker_id * local_size, local_rank, local_size,
+                              cfg.num_worker * local_size, "byteps")
+    for rank_v, lrank_v, lsize_v, size_v, src in (
+        ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "torchrun"),
+        ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "slurm"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+         "OMPI_COMM_WORLD_SIZE", "openmpi"),
+    ):
+        rank = geti(rank_v)
+        if rank is None:
+            continue
+        size = geti(size_v) or 1
+        local_rank = geti(lrank_v) or 0
+        local_size = geti(lsize_v) or 1
+        if rank >= size:
+            raise ConfigError(f"{rank_v}={rank} must be < {size_v}={size}")
+        return WorkerIdentity(rank, local_rank, local_size, size, src)
+    raise AssertionError("unreachable")

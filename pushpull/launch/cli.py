@@ -1,0 +1,267 @@
+"""``pushpull launch`` (alias ``bpslaunch``).
+
+Local: ``pushpull launch --workers N --servers K -- CMD ...`` starts the
+scheduler, K servers and N copies of CMD on this machine, prefixes every output
+line with the process's role and rank, and when any process fails stops all
+the others and exits non-zero naming the culprit. Ctrl-C leaves nothing behind:
+every child runs in its own process group, which is killed as a whole.
+
+BytePS style: with ``DMLC_ROLE`` set (and no ``--workers``) it starts just that
+role: the scheduler or a server in-process, or, for a worker machine,
+``BYTEPS_LOCAL_SIZE`` (or one per visible GPU) copies of CMD.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+GRACE_S = 3.0
+
+
+@dataclass
+class Child:
+    label: str
+    proc: subprocess.Popen
+    is_worker: bool
+    reader: threading.Thread | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Starts children, relays their output, and tears everything down on failure."""
+
+    def __init__(self, prefix_output: bool = True):
+        self.children: list[Child] = []
+        self.prefix_output = prefix_output
+        self.out_lock = threading.Lock()
+        self._stopping = False
+
+    def start(self, label: str, argv: list[str], env: dict, is_worker: bool) -> Child:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        child = Child(label, proc, is_worker)
+        child.reader = threading.Thread(target=self._relay, args=(child,), daemon=True)
+        child.reader.start()
+        self.children.append(child)
+        return child
+
+    def _relay(self, child: Child) -> None:
+        assert child.proc.stdout is not None
+        for raw in iter(child.proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self.out_lock:
+                if self.prefix_output:
+                    print(f"[{child.label}] {line}", flush=True)
+                else:
+                    print(line, flush=True)
+
+    def say(self, text: str) -> None:
+        with self.out_lock:
+            print(f"pushpull launch: {text}", file=sys.stderr, flush=True)
+
+    def kill_all(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        alive = [c for c in self.children if c.proc.poll() is None]
+        for c in alive:
+            try:
+                os.killpg(c.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + GRACE_S
+        for c in alive:
+            try:
+                c.proc.wait(max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for c in self.children:
+            try:  # the whole group: also grandchildren a command may have left
+                os.killpg(c.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                c.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+        for c in self.children:
+            if c.reader:
+                c.reader.join(1)
+
+    def supervise(self, finish_timeout: float = 30.0) -> int:
+        """Wait until all workers succeed (0) or anything fails (its code)."""
+        workers_done_at = None
+        try:
+            while True:
+                for c in self.children:
+                    code = c.proc.poll()
+                    if code is None:
+                        continue
+                    if code != 0:
+                        # servers and the scheduler exit 0 only once every worker said FINISH
+                        self.say(f"{c.label} (pid {c.proc.pid}) failed with {_signal_name(code)}; "
+                                 f"stopping the others")
+                        self.kill_all()
+                        return code if code > 0 else 128 + (-code)
+                workers = [c for c in self.children if c.is_worker]
+                if workers_done_at is None and all(w.proc.poll() == 0 for w in workers):
+                    workers_done_at = time.monotonic()
+                if workers_done_at is not None:
+                    if all(c.proc.poll() is not None for c in self.children):
+                        for c in self.children:
+                            if c.reader:
+                                c.reader.join(1)
+                        return 0
+                    if time.monotonic() - workers_done_at > finish_timeout:
+                        self.say("servers/scheduler did not exit after the workers finished; killing them")
+                        self.kill_all()
+                        return 0
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            self.say("interrupted; stopping every process")
+            self.kill_all()
+            return 130
+
+
+def _base_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = None,
+                 env_extra: dict | None = None, prefix_output: bool = True) -> int:
+    """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine."""
+    port = port or free_port()
+    common = _base_env(env_extra)
+    for k in ("DMLC_ROLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+              "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        common.pop(k, None)
+    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",
+                   "DMLC_NUM_SERVER": str(servers), "DMLC_WORKER_ID": "0", "BYTEPS_LOCAL_SIZE": str(workers),
+                   "DMLC_NODE_HOST": "127.0.0.1"})
+    sup = Supervisor(prefix_output)
+    _install_term_handler(sup)
+    py = sys.executable
+    need_cluster = workers > 1 or common.get("BYTEPS_FORCE_DISTRIBUTED", "0") not in ("0", "")
+    try:
+        if need_cluster:
+            if servers < 1:
+                sup.say(f"{workers} workers need at least one server (--servers K)")
+                return 2
+            sup.start("scheduler", [py, "-m", "pushpull.launch.role", "scheduler"],
+                      dict(common, DMLC_ROLE="scheduler"), False)
+            for s in range(servers):
+                sup.start(f"server {s}", [py, "-m", "pushpull.launch.role", "server"],
+                          dict(common, DMLC_ROLE="server"), False)
+        for w in range(workers):
+            sup.start(f"worker {w}", cmd, dict(common, DMLC_ROLE="worker", BYTEPS_LOCAL_RANK=str(w)), True)
+        return sup.supervise()
+    finally:
+        sup.kill_all()
+
+
+def _install_term_handler(sup: Supervisor) -> None:
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+
+
+def launch_role(cmd: list[str]) -> int:
+    """BytePS style: start the role named by DMLC_ROLE."""
+    role = os.environ.get("DMLC_ROLE", "").strip().lower()
+    if role in ("scheduler", "server"):
+        from pushpull.launch.role import run_role
+
+        return run_role(role)
+    if role != "worker":
+        print(f"pushpull launch: DMLC_ROLE={role!r} is invalid; DMLC_ROLE accepts worker | server | scheduler",
+              file=sys.stderr)
+        return 2
+    if not cmd:
+        print("pushpull launch: a worker needs a command to run (pushpull launch -- python train.py)",
+              file=sys.stderr)
+        return 2
+    if any(k in os.environ for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")) \
+            and "DMLC_WORKER_ID" not in os.environ:
+        # torchrun / SLURM / mpirun already started one process per device
+        return subprocess.call(cmd)
+    local_size = os.environ.get("BYTEPS_LOCAL_SIZE")
+    if not local_size:
+        visible = os.environ.get("NVIDIA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
+        local_size = str(len([d for d in visible.split(",") if d.strip()])) if visible and visible != "all" else "1"
+    n = int(local_size)
+    sup = Supervisor(prefix_output=n > 1)
+    _install_term_handler(sup)
+    wid = os.environ.get("DMLC_WORKER_ID", "0")
+    try:
+        for i in range(n):
+            sup.start(f"worker {int(wid) * n + i}", cmd,
+                      _base_env({"BYTEPS_LOCAL_SIZE": str(n), "BYTEPS_LOCAL_RANK": str(i)}), True)
+        return sup.supervise()
+    finally:
+        sup.kill_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, cmd = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="pushpull launch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", "-n", type=int, help="worker processes to start on this machine")
+    p.add_argument("--servers", "-k", type=int, default=None, help="server processes (default: 1)")
+    p.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment for every process")
+    p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with role and rank")
+    p.add_argument("command", nargs="*", help="the worker command (put it after --)")
+    args = p.parse_args(argv)
+    cmd = args.command + cmd
+    extra = {}
+    for kv in args.env:
+        if "=" not in kv:
+            p.error(f"--env {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        extra[k] = v
+    if args.workers is None and os.environ.get("DMLC_ROLE"):
+        return launch_role(cmd)
+    workers = args.workers if args.workers is not None else 1
+    if workers < 1:
+        p.error("--workers must be >= 1")
+    servers = args.servers if args.servers is not None else 1
+    if servers < 0:
+        p.error("--servers must be >= 0")
+    if not cmd:
+        p.error("no command: pushpull launch --workers N --servers K -- python train.py")
+    return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix)
+
+
+def bpslaunch_main() -> None:
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Dtype-aware summation into an accumulator, in NumPy (the GIL is released
+for large arrays, so several engine threads really sum in parallel).
+
+Half-precision pushes are accumulated in float32 and rounded once at the end:
+summing n fp16 gradients in fp16 loses bits at every addition. bfloat16 has no
+NumPy dtype, so it travels as uint16 and is widened by a shift.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+WIRE_NP = {
+    "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+    "float16": np.float16, "bfloat16": np.uint16, "float32": np.float32, "float64": np.float64,
+}
+ACC_NP = dict(WIRE_NP, float16=np.float32, bfloat16=np.float32)
+
+
+def wire_view(buf, dtype: str) -> np.ndarray:
+    return np.frombuffer(buf, dtype=WIRE_NP[dtype])
+
+
+def bf16_to_f32(u16: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    wide = u16.astype(np.uint32) << 16
+    f = wide.view(np.float32)
+    if out is None:
+        return f
+    np.copyto(out, f)
+    return out
+
+
+def f32_to_bf16(f: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as torch does."""
+    bits = f.view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+class Accumulator:
+    """Sum of the pushes of one round for one key."""
+
+    def __init__(self, dtype: str, numel: int):
+        self.dtype = dtype
+        self.acc = np.empty(numel, dtype=ACC_NP[dtype])
+
+    def first(self, data: np.ndarray) -> None:
+        if self.dtype == "bfloat16":
+            bf16_to_f32(data, out=self.acc)
+        else:
+            np.copyto(self.acc, data, casting="unsafe")
+
+    def add(self, data: np.ndarray) -> None:
+        if self.dtype == "bfloat16":
+            np.add(self.acc, bf16_to_f32(data), out=self.acc)
+        else:
+            np.add(self.acc, data, out=self.acc, casting="unsafe")
+
+    def result(self) -> np.ndarray:
+        """The sum in the wire dtype (shares memory with the accumulator when it can)."""
+        if self.dtype == "bfloat16":
+            return f32_to_bf16(self.acc)
+        if self.dtype == "float16":
+            return self.acc.astype(np.float16)
+        return self.acc

@@ -1,0 +1,264 @@
+"""The server process.
+
+The I/O thread receives; INIT (the first push of a key, which doubles as a
+barrier and carries name, length, dtype and compression) is handled there;
+pushes and pulls of a key go, in arrival order, to the engine thread that owns
+the key (``key % BYTEPS_SERVER_ENGINE_THREAD``), which sums with NumPy and
+answers. Nothing a worker sends can crash the server: bad requests get an ERROR
+reply naming the tensor and the ranks.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+
+from pushpull.cluster import nodes
+from pushpull.cluster.member import ClusterError, Member
+from pushpull.config import Config
+from pushpull.server.keystate import KeyState, RoundError
+from pushpull.server.reduce import wire_view
+from pushpull.transport.protocol import (
+    Flags, Header, Msg, MsgType, ProtocolError, decode_json, dtype_code, dtype_name, encode_json,
+)
+from pushpull.transport.van import Van
+
+log = logging.getLogger(__name__)
+
+SOCK = "workers"
+
+
+def advertised_host(cfg: Config) -> str:
+    """The address other nodes should use to reach this one."""
+    if cfg.node_host:
+        return cfg.node_host
+    if cfg.root_uri in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    # the local address of the route towards the scheduler
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((cfg.root_uri, cfg.root_port))
+        return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        s.close()
+
+
+class Server:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.van = Van("server")
+        self.host = advertised_host(cfg)
+        self.port = self.van.bind_router(SOCK, "0.0.0.0", 0, self._handle)
+        self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port})
+        self.keys: dict[int, KeyState] = {}
+        self.pending_inits: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req)}}
+        self.num_workers = 0
+        self.node_id = -1
+        self.engines = [queue.SimpleQueue() for _ in range(cfg.server_engine_thread)]
+        self.threads = [threading.Thread(target=self._engine, args=(q,), name=f"engine-{i}", daemon=True)
+                        for i, q in enumerate(self.engines)]
+        self.van.call_later(1.0, self._check_inits, every=1.0)
+
+    def run(self) -> int:
+        self.van.start()
+        try:
+            book = self.member.register()
+        except ClusterError as e:
+            log.error("%s", e)
+            self.van.stop()
+            return 1
+        self.num_workers = int(book["num_workers"])
+        self.node_id = int(book["node_id"])
+        for t in self.threads:
+            t.start()
+        log.info("%s ready on %s:%d for %d workers", nodes.describe(self.node_id), self.host, self.port,
+                 self.num_workers)
+        code = 0
+        while not self.member.terminated.wait(0.2):
+            if self.member.failure:
+                code = 1
+                break
+        for q in self.engines:
+            q.put(None)
+        self.van.stop()
+        return code
+
+    # ------------------------------------------------------------ replies --
+    def _reply(self, identity: bytes, header: Header, frames: list = ()) -> None:
+        header.sender = self.node_id
+        self.van.send(SOCK, header, list(frames), identity=identity)
+
+    def _error(self, identity: bytes, key: int, text: str, req_id: int = 0) -> None:
+        log.warning("error to a worker: %s", text)
+        self._reply(identity, Header(MsgType.ERROR, key=key, req_id=req_id), [encode_json({"error": text})])
+
+    # ------------------------------------------------------------ I/O thread --
+    def _handle(self, identity: bytes, msg: Msg) -> None:
+        h = msg.header
+        try:
+            if h.type == MsgType.INIT:
+                self._init(identity, msg)
+            elif h.type in (MsgType.PUSH, MsgType.PULL):
+                ks = self.keys.get(h.key)
+                if ks is None:
+                    self._error(identity, h.key, f"{h.type.name} for key {h.key} before its INIT completed",
+                                h.req_id)
+                    return
+                self.engines[h.key % len(self.engines)].put((identity, msg, ks))
+            else:
+                self._error(identity, h.key, f"a server does not handle {h.type.name}", h.req_id)
+        except ProtocolError as e:
+            self._error(identity, h.key, f"bad {h.type.name}: {e}", h.req_id)
+
+    def _init(self, identity: bytes, msg: Msg) -> None:
+        h = msg.header
+        req = decode_json(msg.body())
+        rank = h.sender
+        decl = {"name": str(req.get("name")), "numel": int(h.numel), "dtype": dtype_name(h.dtype),
+                "compression": req.get("compression")}
+        ks = self.keys.get(h.key)
+        if ks is not None:  # already initialised: a consistent re-init is answered at once
+            if (ks.name, ks.numel, ks.dtype) == (decl["name"], decl["numel"], decl["dtype"]):
+                self._reply(identity, Header(MsgType.INIT_ACK, key=h.key, req_id=h.req_id))
+            else:
+                self._error(identity, h.key, f"tensor {decl['name']!r} re-declared by rank {rank} as "
+                                             f"{decl['dtype']}[{decl['numel']}], it is {ks.dtype}[{ks.numel}]",
+                            h.req_id)
+            return
+        pend = self.pending_inits.setdefault(h.key, {"since": time.monotonic(), "by": {}})
+        pend["by"][rank] = (identity, h.req_id, decl)
+        if len(pend["by"]) < self.num_workers:
+            return
+        del self.pending_inits[h.key]
+        variants: dict[str, list[int]] = {}
+        for r, (_, _, d) in sorted(pend["by"].items()):
+            sig = f"{d['dtype']}[{d['numel']}] compression={d['compression']}"
+            variants.setdefault(sig, []).append(r)
+        if len(variants) > 1:
+            detail = "; ".join(f"rank(s) {rs}: {sig}" for sig, rs in variants.items())
+            text = f"tensor {decl['name']!r} (key {h.key}) differs across workers: {detail}"
+            for ident, req_id, _ in pend["by"].values():
+                self._error(ident, h.key, text, req_id)
+            return
+        ks = KeyState(h.key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
+        if decl["compression"]:
+            try:
+                from pushpull.server.codec import ServerCodec
+
+                ks.codec = ServerCodec(decl["compression"], decl["dtype"], decl["numel"])
+            except Exception as e:  # a bad spec is the workers' error, not a server crash
+                for ident, req_id, _ in pend["by"].values():
+                    self._error(ident, h.key, f"tensor {decl['name']!r}: compression {decl['compression']} "
+                                              f"rejected by the server: {e}", req_id)
+                return
+        if self.cfg.enable_async:
+            from pushpull.server.reduce import ACC_NP
+
+            ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
+        self.keys[h.key] = ks
+        for ident, req_id, _ in pend["by"].values():
+            self._reply(ident, Header(MsgType.INIT_ACK, key=h.key, req_id=req_id))
+
+    def _check_inits(self) -> None:
+        now = time.monotonic()
+        for key, pend in list(self.pending_inits.items()):
+            if now - pend["since"] > self.cfg.timeout:
+                missing = sorted(set(range(self.num_workers)) - set(pend["by"]))
+                name = next(iter(pend["by"].values()))[2]["name"]
+                text = (f"tensor {name!r}: rank(s) {missing} never declared it within {self.cfg.timeout:.0f}s "
+                        f"(ranks {sorted(pend['by'])} did); do all workers push_pull the same tensors?")
+                for ident, req_id, _ in pend["by"].values():
+                    self._error(ident, key, text, req_id)
+                del self.pending_inits[key]
+
+    # ------------------------------------------------------------ engines --
+    def _engine(self, q: queue.SimpleQueue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            identity, msg, ks = item
+            h = msg.header
+            try:
+                if ks.store is not None:
+                    self._async_op(identity, msg, ks)
+                elif h.type == MsgType.PUSH:
+                    self._push(identity, msg, ks)
+                else:
+                    self._pull(identity, msg, ks)
+            except (RoundError, ProtocolError, ValueError) as e:
+                self._error(identity, h.key, str(e), h.req_id)
+            except Exception as e:  # never let one bad request kill an engine thread
+                log.exception("engine failed on %s for %r", h.type.name, ks.name)
+                self._error(identity, h.key, f"server error on tensor {ks.name!r}: {e!r}", h.req_id)
+
+    def _decode_push(self, msg: Msg, ks: KeyState) -> np.ndarray:
+        h = msg.header
+        frame = msg.body()
+        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        if h.flags & Flags.COMPRESSED:
+            if ks.codec is None:
+                raise ProtocolError(f"tensor {ks.name!r}: compressed push but no compression was declared")
+            return ks.codec.decompress_push(h.sender, buf)
+        if h.numel != ks.numel or dtype_name(h.dtype) != ks.dtype:
+            raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {dtype_name(h.dtype)}[{h.numel}], "
+                                f"the tensor is {ks.dtype}[{ks.numel}]")
+        data = wire_view(buf, ks.dtype)
+        if data.size != ks.numel:
+            raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {len(buf)} bytes for "
+                                f"{ks.numel} elements of {ks.dtype}")
+        return data
+
+    def _push(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        h = msg.header
+        data = self._decode_push(msg, ks)
+        done = ks.push(h.round, h.sender, data)
+        self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+        if done is not None:
+            for ident, rank, req_id in done.waiting:
+                self._answer_pull(ident, rank, req_id, h.key, h.round, ks, done)
+            done.waiting.clear()
+
+    def _pull(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        h = msg.header
+        slot = ks.pull(h.round, h.sender)
+        if slot.ready:
+            self._answer_pull(identity, h.sender, h.req_id, h.key, h.round, ks, slot)
+        else:
+            slot.waiting.append((identity, h.sender, h.req_id))
+
+    def _answer_pull(self, identity, rank, req_id, key, rnd, ks: KeyState, slot) -> None:
+        slot.pulled.add(rank)
+        out = slot.out
+        compressed = ks.codec is not None
+        self._reply(identity, Header(MsgType.PULL_RESP, key=key, round=rnd, req_id=req_id,
+                                     dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=len(memoryview(out).cast("B")),
+                                     flags=Flags.COMPRESSED if compressed else 0),
+                    [out])
+
+    def _async_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        """BYTEPS_ENABLE_ASYNC: a push adds a delta to the parameters, a pull returns them at once."""
+        h = msg.header
+        assert ks.store is not None
+        if h.type == MsgType.PUSH:
+            data = self._decode_push(msg, ks)
+            np.add(ks.store, data, out=ks.store, casting="unsafe")
+            self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+        else:
+            from pushpull.server.reduce import Accumulator
+
+            acc = Accumulator(ks.dtype, ks.numel)
+            acc.acc = ks.store.copy()
+            out = acc.result()
+            self._reply(identity, Header(MsgType.PULL_RESP, key=h.key, round=h.round, req_id=h.req_id,
+                                         dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=out.nbytes), [out])
+
+
+def run_server(cfg: Config) -> int:
+    return Server(cfg).run()

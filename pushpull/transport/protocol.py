@@ -1,0 +1,148 @@
+"""The wire format: one fixed-size binary header frame, then payload frames.
+
+No pickle: the header is a ``struct``; tensor payloads are raw bytes sent
+zero-copy; the few control messages that need structure (registration, the
+address book, error texts) carry a UTF-8 JSON frame. A message that does not
+parse raises :class:`ProtocolError`, which receivers log and answer or drop.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+
+MAGIC = 0x5050  # "PP"
+VERSION = 1
+
+# magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra
+_FMT = "<HBBBBiQqQQII"
+HEADER_SIZE = struct.calcsize(_FMT)
+
+
+class MsgType(enum.IntEnum):
+    # membership (scheduler)
+    REGISTER = 1
+    REGISTER_ACK = 2
+    BARRIER = 3
+    BARRIER_RELEASE = 4
+    HEARTBEAT = 5
+    HEARTBEAT_ACK = 6
+    ASSIGN = 7          # worker asks where a tensor's partitions live
+    ASSIGN_ACK = 8
+    NODE_FAILED = 9
+    FINISH = 10         # a worker is done
+    TERMINATE = 11      # scheduler tells everyone to exit
+    # key-value (server)
+    INIT = 20           # first push of a key: name, numel, dtype, compression
+    INIT_ACK = 21
+    PUSH = 22
+    PUSH_ACK = 23
+    PULL = 24
+    PULL_RESP = 25
+    # either
+    ERROR = 40
+
+
+class Flags(enum.IntFlag):
+    NONE = 0
+    COMPRESSED = 1      # payload is a compression payload, not raw dtype bytes
+
+
+# dtype code <-> torch dtype name; the server needs only the name and item size
+DTYPES: dict[int, tuple[str, int]] = {
+    0: ("uint8", 1),
+    1: ("float16", 2),
+    2: ("bfloat16", 2),
+    3: ("float32", 4),
+    4: ("float64", 8),
+    5: ("int32", 4),
+    6: ("int64", 8),
+    7: ("int8", 1),
+    8: ("int16", 2),
+}
+_CODE_OF = {name: code for code, (name, _) in DTYPES.items()}
+
+
+class ProtocolError(ValueError):
+    """A message could not be understood; the text says why."""
+
+
+def dtype_code(name: str) -> int:
+    try:
+        return _CODE_OF[name]
+    except KeyError:
+        raise ProtocolError(f"dtype {name!r} cannot be sent; supported: {', '.join(_CODE_OF)}") from None
+
+
+def dtype_name(code: int) -> str:
+    try:
+        return DTYPES[code][0]
+    except KeyError:
+        raise ProtocolError(f"unknown dtype code {code}") from None
+
+
+@dataclass
+class Header:
+    type: int
+    sender: int = -1
+    key: int = 0
+    round: int = 0
+    dtype: int = 0
+    numel: int = 0
+    nbytes: int = 0
+    req_id: int = 0
+    flags: int = 0
+    extra: int = 0
+
+    def pack(self) -> bytes:
+        return struct.pack(_FMT, MAGIC, VERSION, self.type, self.dtype, self.flags, self.sender,
+                           self.key, self.round, self.numel, self.nbytes, self.req_id, self.extra)
+
+    @classmethod
+    def unpack(cls, buf) -> "Header":
+        if len(buf) != HEADER_SIZE:
+            raise ProtocolError(f"header is {len(buf)} bytes, expected {HEADER_SIZE}")
+        magic, ver, typ, dt, flags, sender, key, rnd, numel, nbytes, req_id, extra = struct.unpack(_FMT, buf)
+        if magic != MAGIC:
+            raise ProtocolError(f"bad magic 0x{magic:04x}")
+        if ver != VERSION:
+            raise ProtocolError(f"protocol version {ver}, this build speaks {VERSION}")
+        try:
+            typ = MsgType(typ)
+        except ValueError:
+            raise ProtocolError(f"unknown message type {typ}") from None
+        return cls(typ, sender, key, rnd, dt, numel, nbytes, req_id, flags, extra)
+
+
+@dataclass
+class Msg:
+    header: Header
+    frames: list  # payload frames (zmq.Frame or bytes-like)
+
+    def body(self):
+        return self.frames[0] if self.frames else b""
+
+
+def decode(frames: list) -> Msg:
+    """Parse a multipart message (without any ROUTER identity frame)."""
+    if not frames:
+        raise ProtocolError("empty message")
+    first = frames[0]
+    buf = first.buffer if hasattr(first, "buffer") else first
+    return Msg(Header.unpack(bytes(buf)), list(frames[1:]))
+
+
+def encode_json(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_json(frame) -> dict:
+    buf = frame.bytes if hasattr(frame, "bytes") else bytes(frame)
+    try:
+        obj = json.loads(buf.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"bad JSON frame: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("JSON frame is not an object")
+    return obj

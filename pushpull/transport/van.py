@@ -1,0 +1,238 @@
+"""One I/O thread per process that owns every ZeroMQ socket (ps-lite's Van).
+
+ZeroMQ sockets must not be shared between threads, so all sends and receives
+happen on this thread. Other threads hand over work with :meth:`Van.send` or
+:meth:`Van.call_soon`, which queue it and wake the loop through an inproc
+socket. Handlers run on the I/O thread; an exception in a handler is logged and
+never stops the loop (a malformed message cannot crash a server).
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+from pushpull.transport.protocol import Header, Msg, ProtocolError, decode
+
+log = logging.getLogger(__name__)
+
+RouterHandler = Callable[[bytes, Msg], None]
+DealerHandler = Callable[[Msg], None]
+
+
+class Van:
+    """Owns sockets; dispatches received messages to handlers on one thread."""
+
+    _ids = itertools.count()
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ctx = zmq.Context(io_threads=1)
+        self._sockets: dict[str, zmq.Socket] = {}
+        self._handlers: dict[zmq.Socket, tuple[str, Callable, bool]] = {}
+        self._poller = zmq.Poller()
+        self._outbox: collections.deque = collections.deque()
+        self._wake_lock = threading.Lock()
+        wake_addr = f"inproc://van-wake-{id(self)}-{next(self._ids)}"
+        self._wake_rx = self.ctx.socket(zmq.PULL)
+        self._wake_rx.bind(wake_addr)
+        self._wake_tx = self.ctx.socket(zmq.PUSH)
+        self._wake_tx.connect(wake_addr)
+        self._poller.register(self._wake_rx, zmq.POLLIN)
+        self._timers: list[tuple[float, int, float, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._stopped = threading.Event()
+
+    # ------------------------------------------------------------ sockets --
+    def _tune(self, s: zmq.Socket) -> None:
+        # no silent drops or blocking at a high-water mark: the credit window
+        # bounds what is in flight, not ZeroMQ's queues
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.setsockopt(zmq.TCP_KEEPALIVE, 1)
+
+    def bind_router(self, sid: str, host: str, port: int, handler: RouterHandler) -> int:
+        """Bind a ROUTER socket on ``host:port`` (port 0 = any free port); returns the port."""
+        s = self.ctx.socket(zmq.ROUTER)
+        self._tune(s)
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        bind_host = "*" if host in ("0.0.0.0", "*") else host
+        if port == 0:
+            port = s.bind_to_random_port(f"tcp://{bind_host}", min_port=20000, max_port=60000, max_tries=200)
+        else:
+            s.bind(f"tcp://{bind_host}:{port}")
+        self._add(sid, s, handler, router=True)
+        return port
+
+    def connect_dealer(self, sid: str, addr: str, identity: bytes, handler: DealerHandler) -> None:
+        s = self.ctx.socket(zmq.DEALER)
+        self._tune(s)
+        s.setsockopt(zmq.IDENTITY, identity)
+        s.connect(addr)
+        self._add(sid, s, handler, router=False)
+
+    def _add(self, sid: str, s: zmq.Socket, handler: Callable, router: bool) -> None:
+        def register() -> None:
+            self._sockets[sid] = s
+            self._handlers[s] = (sid, handler, router)
+            self._poller.register(s, zmq.POLLIN)
+
+        if self._thread is None or threading.current_thread() is self._thread:
+            register()
+        else:
+            self.call_soon(register)
+
+    # ------------------------------------------------------------ sending --
+    def send(self, sid: str, header: Header, frames: list = (), identity: bytes | None = None) -> None:
+        """Send ``header`` + ``frames`` on socket ``sid`` (thread-safe, zero-copy).
+
+        Frames must stay unchanged until delivered; pyzmq keeps them alive.
+        """
+        parts = ([identity] if identity is not None else []) + [header.pack(), *frames]
+        if self._thread is not None and threading.current_thread() is self._thread:
+            self._send_now(sid, parts)
+        else:
+            self._outbox.append((sid, parts))
+            self._wake()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread (thread-safe)."""
+        self._outbox.append((None, fn))
+        self._wake()
+
+    def call_later(self, delay: float, fn: Callable[[], None], every: float = 0.0) -> None:
+        """Run ``fn`` on the I/O thread after ``delay`` s, then every ``every`` s if > 0.
+
+        Must be called before :meth:`start` or from the I/O thread."""
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), every, fn))
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            try:
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # already woken, or shutting down
+
+    def _send_now(self, sid: str, parts: list) -> None:
+        s = self._sockets.get(sid)
+        if s is None:
+            log.error("%s: send on unknown socket %r dropped", self.name, sid)
+            return
+        try:
+            s.send_multipart(parts, copy=False)
+        except zmq.ZMQError as e:
+            # ROUTER_MANDATORY: peer unknown (not connected yet or gone)
+            log.warning("%s: send on %s failed: %s", self.name, sid, e)
+
+    # ------------------------------------------------------------ the loop --
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name=f"van-{self.name}", daemon=True)
+        self._thread.start()
+
+    def run_forever(self) -> None:
+        """Run the loop on the calling thread (servers and the scheduler do this)."""
+        self._running = True
+        self._thread = threading.current_thread()
+        self._loop()
+
+    def stop(self, join: bool = True) -> None:
+        self._running = False
+        self._wake()
+        if join and self._thread is not None and threading.current_thread() is not self._thread:
+            self._stopped.wait(10)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def _loop(self) -> None:
+        try:
+            while self._running:
+                timeout_ms = 1000
+                if self._timers:
+                    timeout_ms = max(0, min(timeout_ms, int((self._timers[0][0] - time.monotonic()) * 1000) + 1))
+                if self._outbox:
+                    timeout_ms = 0
+                events = dict(self._poller.poll(timeout_ms))
+                if self._wake_rx in events:
+                    try:
+                        while True:
+                            self._wake_rx.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
+                self._drain_outbox()
+                for s, (sid, handler, router) in list(self._handlers.items()):
+                    if s in events:
+                        self._drain_socket(s, sid, handler, router)
+                self._run_timers()
+        finally:
+            self._close()
+            self._stopped.set()
+
+    def _drain_outbox(self) -> None:
+        for _ in range(len(self._outbox)):
+            sid, item = self._outbox.popleft()
+            if sid is None:
+                try:
+                    item()
+                except Exception:
+                    log.exception("%s: callback failed", self.name)
+            else:
+                self._send_now(sid, item)
+
+    def _drain_socket(self, s: zmq.Socket, sid: str, handler: Callable, router: bool) -> None:
+        for _ in range(256):  # bounded so one busy peer cannot starve the others
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = None
+            if router:
+                if len(frames) < 2:
+                    log.warning("%s: dropped a message with no identity on %s", self.name, sid)
+                    continue
+                identity, frames = frames[0].bytes, frames[1:]
+            try:
+                msg = decode(frames)
+            except ProtocolError as e:
+                log.warning("%s: dropped malformed message on %s from %r: %s", self.name, sid, identity, e)
+                continue
+            try:
+                if router:
+                    handler(identity, msg)
+                else:
+                    handler(msg)
+            except Exception:
+                log.exception("%s: handler for %s failed on %s", self.name, msg.header.type.name, sid)
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, every, fn = heapq.heappop(self._timers)
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: timer failed", self.name)
+            if every > 0 and self._running:
+                heapq.heappush(self._timers, (now + every, next(self._timer_seq), every, fn))
+
+    def _close(self) -> None:
+        for s in list(self._sockets.values()):
+            try:
+                s.close(linger=500)
+            except zmq.ZMQError:
+                pass
+        self._wake_rx.close(0)
+        with self._wake_lock:
+            self._wake_tx.close(0)
+        self.ctx.term()

@@ -1,0 +1,412 @@
+"""The worker engine: moves each tensor's partitions through ASSIGN -> INIT ->
+queue -> PUSH -> PULL -> output, entirely on the communication thread.
+
+The caller's thread only validates, registers the request and returns a
+:class:`Handle`; all per-tensor state is touched on the I/O thread, so it needs
+no locks. Keys come from the scheduler (same on every worker, whatever the call
+order); INIT doubles as a per-key barrier and is non-blocking, so workers that
+declare tensors in different orders cannot deadlock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pushpull.cluster.assign import part_key
+from pushpull.cluster.member import ClusterError, Member
+from pushpull.config import Config, WorkerIdentity
+from pushpull.transport.protocol import (
+    Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json,
+)
+from pushpull.transport.van import Van
+from pushpull.worker.credit_queue import CreditQueue
+from pushpull.worker.handle import Handle, PushPullError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
+             torch.uint8, torch.int8, torch.int16}
+DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+              torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
+              torch.int8: "int8", torch.int16: "int16"}
+
+
+def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    """A writable uint8 NumPy view of a contiguous CPU tensor's memory."""
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+@dataclass
+class Partition:
+    index: int
+    offset: int        # bytes into the tensor
+    nbytes: int
+    key: int = 0
+    server: int = 0
+    inited: bool = False
+    codec: object = None  # worker-side compression chain, or None
+
+
+@dataclass
+class Entry:
+    """What this worker knows about one named tensor."""
+
+    name: str
+    shape: tuple
+    dtype: torch.dtype
+    compression: dict | None
+    parts: list[Partition]
+    busy: bool = False
+    state: str = "new"      # new -> assigning -> initing -> ready | failed
+    error: str | None = None
+    round: int = 0
+    waiting: list = field(default_factory=list)  # ops queued until the entry is ready
+    pending_inits: int = 0
+
+
+@dataclass
+class Op:
+    """One push_pull call in flight."""
+
+    handle: Handle
+    entry: Entry
+    inp: np.ndarray      # raw bytes of the input (contiguous CPU)
+    out: torch.Tensor    # CPU output tensor
+    out_bytes: np.ndarray
+    average: bool
+    priority: int
+    round: int = 0
+    remaining: int = 0
+    device: torch.device | None = None
+    user_out: torch.Tensor | None = None
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+class Engine:
+    """One per worker process; created by :func:`pushpull.torch.init`."""
+
+    def __init__(self, cfg: Config, ident: WorkerIdentity):
+        self.cfg = cfg
+        self.ident = ident
+        self.rank = ident.rank
+        self.size = ident.size
+        self.van = Van(f"worker{ident.rank}")
+        self.member = Member(self.van, cfg, {"role": "worker", "rank": ident.rank, "size": ident.size,
+                                             "local_rank": ident.local_rank, "local_size": ident.local_size},
+                             on_message=self._scheduler_message)
+        self.member.on_failure(self._fail_all)
+        self.entries: dict[str, Entry] = {}
+        self.table_lock = threading.Lock()
+        self.ops: dict[int, Op] = {}          # partition key -> op in flight
+        self.parts_by_key: dict[int, tuple[Entry, Partition]] = {}
+        self.assign_waiting: dict[int, Entry] = {}
+        self._req = 0
+        credit = cfg.scheduling_credit * cfg.partition_bytes
+        self.queue: CreditQueue = CreditQueue(credit)
+        self.num_servers = 0
+        self.started = False
+        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0}
+        self.tracer = None  # set by the torch layer when tracing
+
+    # ------------------------------------------------------------ lifecycle --
+    def start(self) -> None:
+        self.van.start()
+        book = self.member.register()
+        self.num_servers = int(book["num_servers"])
+        for s in book["servers"]:
+            self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
+                                    f"w{self.rank}".encode(), self._server_message)
+        self.started = True
+        log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)
+
+    def shutdown(self) -> None:
+        if self.started and not self.member.failure:
+            self.member.finish()
+        self.van.stop()
+        self.started = False
+
+    def barrier(self) -> None:
+        self.member.barrier("worker")
+
+    # ------------------------------------------------------------ caller side --
+    def declare(self, name: str, tensor: torch.Tensor, compression: dict | None = None) -> Entry:
+        with self.table_lock:
+            return self._entry(name, tuple(tensor.shape), tensor.dtype, compression)
+
+    def _entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None) -> Entry:
+        e = self.entries.get(name)
+        if e is not None:
+            if e.shape != shape or e.dtype != dtype:
+                raise ValueError(f"tensor {name!r} was used as {DTYPE_NAME[e.dtype]}{list(e.shape)} and is now "
+                                 f"{DTYPE_NAME[dtype]}{list(shape)}; give different tensors different names")
+            return e
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        pbytes = max(itemsize, self.cfg.partition_bytes // itemsize * itemsize)
+        parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
+        use_compression = compression if (compression and nbytes >= self.cfg.min_compress_bytes
+                                           and dtype.is_floating_point) else None
+        e = Entry(name, shape, dtype, use_compression, parts)
+        self.entries[name] = e
+        return e
+
+    def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool,
+               priority: int = 0, compression: dict | None = None) -> Handle:
+        """Start a push_pull of ``tensor`` into ``output`` (a new tensor if None)."""
+        if tensor.dtype not in SUPPORTED:
+            raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported; "
+                            f"use one of {sorted(DTYPE_NAME[d] for d in SUPPORTED)}")
+        self.member.raise_if_failed()
+        device = tensor.device
+        src = tensor.detach()
+        if src.device.type != "cpu":
+            src = src.to("cpu")
+        src = src.contiguous()
+        if output is None:
+            out = torch.empty_like(src, memory_format=torch.contiguous_format)
+            user_out = None
+        elif output.device.type == "cpu" and output.is_contiguous():
+            out, user_out = output, None
+        else:
+            out = torch.empty(output.shape, dtype=output.dtype)
+            user_out = output
+        with self.table_lock:
+            entry = self._entry(name, tuple(src.shape), src.dtype, compression)
+            if entry.error:
+                raise PushPullError(entry.error)
+            if entry.busy:
+                raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
+                                 f"starting another with the same name")
+            entry.busy = True
+        op = Op(Handle(name, None), entry, _raw_bytes(src), out, _raw_bytes(out), average, priority,
+                device=device if device.type != "cpu" else None, user_out=user_out)
+        op.handle._describe = lambda: self._describe(op)
+        op.handle.output = output if output is not None else out
+        self.van.call_soon(lambda: self._start(op))
+        return op.handle
+
+    def _describe(self, op: Op) -> str:
+        e = op.entry
+        if e.state != "ready":
+            return f"the tensor is still being set up ({e.state}); is every worker calling push_pull on it?"
+        servers = sorted({p.server for p in e.parts if p.key in self.ops})
+        return (f"{op.remaining} of {len(e.parts)} partition(s) of round {op.round} outstanding on server(s) "
+                f"{servers}; a slow or missing worker keeps the round open")
+
+    # ------------------------------------------------------------ I/O thread --
+    def _start(self, op: Op) -> None:
+        e = op.entry
+        e.round += 1
+        op.round = e.round
+        if e.state == "failed":
+            self._finish(op, e.error)
+        elif e.state == "ready":
+            self._enqueue(op)
+        else:
+            e.waiting.append(op)
+            if e.state == "new":
+                self._send_assign(e)
+
+    def _send_assign(self, e: Entry) -> None:
+        e.state = "assigning"
+        self._req += 1
+        self.assign_waiting[self._req] = e
+        self.member.send(Header(MsgType.ASSIGN, req_id=self._req),
+                         [encode_json({"name": e.name, "shape": list(e.shape), "dtype": DTYPE_NAME[e.dtype],
+                                       "parts": [p.nbytes for p in e.parts]})])
+
+    def _on_assigned(self, e: Entry, result: dict) -> None:
+        base = int(result["key"])
+        for p, server in zip(e.parts, result["servers"]):
+            p.key = part_key(base, p.index)
+            p.server = int(server)
+            self.parts_by_key[p.key] = (e, p)
+        if e.compression:
+            from pushpull.worker.codec import WorkerCodec
+
+            itemsize = torch.empty((), dtype=e.dtype).element_size()
+            for p in e.parts:
+                p.codec = WorkerCodec(e.compression, e.dtype, p.nbytes // itemsize)
+        e.state = "initing"
+        e.pending_inits = len(e.parts)
+        if not e.parts:
+            self._entry_ready(e)
+            return
+        body = encode_json({"name": e.name, "compression": e.compression})
+        itemsize = torch.empty((), dtype=e.dtype).element_size()
+        for p in e.parts:
+            self.van.send(f"s{p.server}", Header(MsgType.INIT, sender=self.rank, key=p.key,
+                                                   dtype=dtype_code(DTYPE_NAME[e.dtype]),
+                                                   numel=p.nbytes // itemsize), [body])
+
+    def _entry_ready(self, e: Entry) -> None:
+        e.state = "ready"
+        waiting, e.waiting = e.waiting, []
+        for op in waiting:
+            self._enqueue(op)
+
+    def _fail_entry(self, e: Entry, error: str) -> None:
+        e.state = "failed"
+        e.error = error
+        waiting, e.waiting = e.waiting, []
+        for op in waiting:
+            self._finish(op, error)
+        for op in list(self.ops.values()):
+            if op.entry is e:
+                self._finish(op, error)
+
+    def _enqueue(self, op: Op) -> None:
+        e = op.entry
+        op.remaining = len(e.parts)
+        if not e.parts:
+            self._finish(op, None)
+            return
+        for p in e.parts:
+            self.queue.push((op, p), p.nbytes, op.priority, p.index)
+        self.queue.admit(self._send_partition)
+
+    def _send_partition(self, item, nbytes: int) -> None:
+        op, p = item
+        e = op.entry
+        if op.handle.done():  # the op failed while this partition was queued
+            self.queue.release(nbytes)
+            return
+        self.ops[p.key] = op
+        view = op.inp[p.offset:p.offset + p.nbytes]
+        itemsize = torch.empty((), dtype=e.dtype).element_size()
+        flags = 0
+        frame = view
+        if p.codec is not None:
+            frame = p.codec.compress(view)
+            flags = Flags.COMPRESSED
+        sock = f"s{p.server}"
+        nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
+        self.van.send(sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round,
+                                   dtype=dtype_code(DTYPE_NAME[e.dtype]), numel=p.nbytes // itemsize,
+                                   nbytes=nb, flags=flags), [frame])
+        self.van.send(sock, Header(MsgType.PULL, sender=self.rank, key=p.key, round=op.round))
+        self.stats["bytes_pushed"] += nb
+        self.stats["partitions"] += 1
+
+    def _server_message(self, msg: Msg) -> None:
+        h = msg.header
+        t = h.type
+        if t == MsgType.INIT_ACK:
+            ep = self.parts_by_key.get(h.key)
+            if ep is None:
+                return
+            e, p = ep
+            if not p.inited:
+                p.inited = True
+                e.pending_inits -= 1
+                if e.pending_inits == 0 and e.state == "initing":
+                    self._entry_ready(e)
+        elif t == MsgType.PUSH_ACK:
+            pass
+        elif t == MsgType.PULL_RESP:
+            op = self.ops.get(h.key)
+            ep = self.parts_by_key.get(h.key)
+            if op is None or ep is None or op.round != h.round:
+                log.warning("unexpected PULL_RESP for key %d round %d dropped", h.key, h.round)
+                return
+            _, p = ep
+            frame = msg.body()
+            buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+            dst = op.out_bytes[p.offset:p.offset + p.nbytes]
+            if h.flags & Flags.COMPRESSED:
+                p.codec.decompress_into(buf, dst)
+            else:
+                if len(buf) != p.nbytes:
+                    self._finish(op, f"tensor {op.entry.name!r}: server {p.server} answered {len(buf)} bytes "
+                                     f"for a partition of {p.nbytes}")
+                    return
+                np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
+            self.stats["bytes_pulled"] += len(buf)
+            del self.ops[h.key]
+            self.queue.release(p.nbytes)
+            op.remaining -= 1
+            if op.remaining == 0:
+                self._finish(op, None)
+            self.queue.admit(self._send_partition)
+        elif t == MsgType.ERROR:
+            text = decode_json(msg.body()).get("error", "unknown server error")
+            ep = self.parts_by_key.get(h.key)
+            if ep is None:
+                log.error("server error: %s", text)
+                return
+            self._fail_entry(ep[0], text)
+        else:
+            log.warning("unexpected %s from a server ignored", t.name)
+
+    def _scheduler_message(self, msg: Msg) -> None:
+        h = msg.header
+        if h.type == MsgType.ASSIGN_ACK:
+            e = self.assign_waiting.pop(h.req_id, None)
+            if e is not None:
+                self._on_assigned(e, decode_json(msg.body()))
+        elif h.type == MsgType.ERROR:
+            d = decode_json(msg.body())
+            name = d.get("tensor")
+            e = self.entries.get(name) if name else None
+            if e is not None:
+                self.assign_waiting = {k: v for k, v in self.assign_waiting.items() if v is not e}
+                self._fail_entry(e, d.get("error", "error"))
+            else:
+                log.error("scheduler error: %s", d.get("error"))
+        elif h.type == MsgType.TERMINATE:
+            pass
+        else:
+            log.warning("unexpected %s from the scheduler ignored", h.type.name)
+
+    def _finish(self, op: Op, error: str | None) -> None:
+        e = op.entry
+        for p in e.parts:
+            if self.ops.get(p.key) is op:
+                del self.ops[p.key]
+                self.queue.release(p.nbytes)
+        if error is None:
+            try:
+                if op.average and self.size > 1:
+                    if op.out.dtype.is_floating_point:
+                        op.out.div_(self.size)
+                    else:
+                        op.out.copy_(torch.div(op.out, self.size, rounding_mode="trunc"))
+                if op.user_out is not None:
+                    op.user_out.copy_(op.out)
+                elif op.device is not None:
+                    op.handle.output = op.out.to(op.device)
+            except Exception as ex:  # e.g. a device copy failing
+                error = f"tensor {e.name!r}: finishing the output failed: {ex!r}"
+        with self.table_lock:
+            e.busy = False
+        if error is None:
+            op.handle.complete()
+        else:
+            op.handle.fail(error)
+
+    def _fail_all(self, reason: str) -> None:
+        def fail() -> None:
+            for op in list(self.ops.values()):
+                self._finish(op, f"tensor {op.entry.name!r}: {reason}")
+            for e in self.entries.values():
+                for op in e.waiting:
+                    self._finish(op, f"tensor {e.name!r}: {reason}")
+                e.waiting = []
+        self.van.call_soon(fail)
+
+    def wait(self, handle: Handle, timeout: float | None = None):
+        """Block until ``handle`` completes; a dead cluster or a timeout raises."""
+        deadline = time.monotonic() + (timeout or self.cfg.timeout)
+        while not handle.done():
+            if self.member.failure:
+                raise PushPullError(f"tensor {handle.name!r}: {self.member.failure}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return handle.wait(0.0)
+            handle._event.wait(min(left, 0.25))
+        return handle.wait(0.0)
