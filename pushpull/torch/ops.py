@@ -33,6 +33,7 @@ class _State:
         self.ids = itertools.count(1)
         self.noname = itertools.count()
         self.lock = threading.Lock()
+        self.local_names: set[str] = set()  # single-process mode: names not yet synchronized
 
 
 _state = _State()
@@ -140,6 +141,11 @@ def _submit(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, na
     if st.engine is None:
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported")
+        with st.lock:
+            if name in st.local_names:
+                raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
+                                 f"starting another with the same name")
+            st.local_names.add(name)
         h = Handle(name, None)
         if output is None:
             h.output = tensor.detach().clone()
@@ -184,6 +190,8 @@ def synchronize(handle: int, timeout: float | None = None) -> torch.Tensor:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
     eng = _state.engine
     if eng is None:
+        with _state.lock:
+            _state.local_names.discard(h.name)
         return h.wait(0.0)
     return eng.wait(h, timeout)
 

@@ -1,0 +1,186 @@
+"""Worker program for the integration tests, run under ``pushpull launch``.
+
+Each case checks its results against values computed independently from the
+rank and size, and exits non-zero with a message when something is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+import pushpull.torch as bps
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INTS = [torch.int32, torch.int64]
+
+
+def fail(msg: str) -> None:
+    print(f"FAIL rank {bps.rank()}: {msg}", flush=True)
+    sys.exit(3)
+
+
+def expect_equal(name: str, got: torch.Tensor, want: torch.Tensor, atol: float = 0.0, rtol: float = 0.0) -> None:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        fail(f"{name}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}")
+    if want.numel() == 0:
+        return
+    if atol == 0 and rtol == 0:
+        ok = torch.equal(got, want)
+    else:
+        ok = torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol)
+    if not ok:
+        diff = (got.double() - want.double()).abs().max().item()
+        fail(f"{name}: values differ (max abs diff {diff}); got {got.flatten()[:5].tolist()} "
+             f"want {want.flatten()[:5].tolist()}")
+
+
+def value(rank: int, shape, dtype, salt: int = 0) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    base = (torch.arange(n, dtype=torch.float64) % 97 + 1 + salt) * (rank + 1)
+    return base.reshape(shape).to(dtype)
+
+
+def case_dtypes() -> None:
+    r, n = bps.rank(), bps.size()
+    shapes = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4)]
+    for dtype in FLOATS + INTS:
+        for shape in shapes:
+            name = f"dt.{dtype}.{shape}"
+            x = value(r, shape, dtype)
+            want_sum = sum(value(k, shape, torch.float64) for k in range(n))
+            if dtype in INTS:
+                got = bps.push_pull(x, average=False, name=name + ".sum")
+                expect_equal(name + " sum", got, want_sum.to(dtype))
+                got = bps.push_pull(x, average=True, name=name + ".avg")
+                want = torch.div(want_sum.to(dtype), n, rounding_mode="trunc")
+                expect_equal(name + " avg", got, want)
+            else:
+                tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(dtype, 1e-6)
+                got = bps.push_pull(x, average=True, name=name + ".avg")
+                expect_equal(name + " avg", got, (want_sum / n).to(dtype), atol=tol * 10, rtol=tol)
+                got = bps.push_pull(x, average=False, name=name + ".sum")
+                expect_equal(name + " sum", got, want_sum.to(dtype), atol=tol * 10, rtol=tol)
+    # in place
+    x = value(r, (5,), torch.float32)
+    y = bps.push_pull_inplace(x, average=False, name="inplace")
+    if y.data_ptr() != x.data_ptr():
+        fail("push_pull_inplace returned a different tensor")
+    expect_equal("inplace", x, sum(value(k, (5,), torch.float64) for k in range(n)).float())
+
+
+def case_partitions() -> None:
+    """A tensor spanning many partitions (the test sets a small partition size)."""
+    r, n = bps.rank(), bps.size()
+    x = value(r, (250_003,), torch.float32)
+    got = bps.push_pull(x, average=False, name="big")
+    want = sum(value(k, (250_003,), torch.float64) for k in range(n)).float()
+    expect_equal("big", got, want, rtol=1e-6)
+    parts = len(bps.engine().entries["big"].parts)
+    if parts < 10:
+        fail(f"expected many partitions, got {parts}")
+    print(f"partitions={parts}", flush=True)
+
+
+def case_many() -> None:
+    """1000 small tensors in one step, all in flight at once."""
+    r, n = bps.rank(), bps.size()
+    handles = [(i, bps.push_pull_async(torch.full((3,), float(i + r)), average=False, name=f"small.{i}"))
+               for i in range(1000)]
+    for i, h in handles:
+        got = bps.synchronize(h)
+        want = torch.full((3,), float(n * i + sum(range(n))))
+        expect_equal(f"small.{i}", got, want)
+
+
+def case_rounds() -> None:
+    """50 rounds with values changing per round: catches stale buffers."""
+    r, n = bps.rank(), bps.size()
+    for rnd in range(50):
+        x = torch.full((1000,), float(rnd * 10 + r))
+        if rnd % 7 == r % 7:
+            time.sleep(0.01)  # make ranks drift apart
+        got = bps.push_pull(x, average=False, name="rounds")
+        want = torch.full((1000,), float(n * rnd * 10 + sum(range(n))))
+        expect_equal(f"round {rnd}", got, want)
+
+
+def case_overlap() -> None:
+    """Two handles in flight; the first polled before being synchronized."""
+    r, n = bps.rank(), bps.size()
+    a = torch.ones(200_000) * (r + 1)
+    b = torch.ones(100) * (r + 2)
+    ha = bps.push_pull_async(a, average=False, name="ov.a")
+    hb = bps.push_pull_async(b, average=False, name="ov.b")
+    if not isinstance(bps.poll(ha), bool):
+        fail("poll must return a bool")
+    gb = bps.synchronize(hb)
+    ga = bps.synchronize(ha)
+    expect_equal("ov.a", ga, torch.ones(200_000) * sum(k + 1 for k in range(n)))
+    expect_equal("ov.b", gb, torch.ones(100) * sum(k + 2 for k in range(n)))
+    # a second concurrent op with the same name is refused
+    h = bps.push_pull_async(a, name="ov.same")
+    try:
+        bps.push_pull_async(a, name="ov.same")
+    except ValueError as e:
+        if "ov.same" not in str(e):
+            fail(f"error does not name the tensor: {e}")
+    else:
+        fail("a second concurrent push_pull with the same name was accepted")
+    bps.synchronize(h)
+
+
+def case_mismatch() -> None:
+    """Rank 0 pushes 10 elements, the others 12: every rank must get an error naming the tensor."""
+    r = bps.rank()
+    x = torch.ones(10 if r == 0 else 12)
+    t0 = time.monotonic()
+    try:
+        bps.push_pull(x, name="mismatched")
+    except bps.PushPullError as e:
+        took = time.monotonic() - t0
+        text = str(e)
+        if "mismatched" not in text or "rank" not in text:
+            fail(f"error does not name tensor and ranks: {text}")
+        print(f"MISMATCH-ERROR after {took:.2f}s: {text}", flush=True)
+        if took > 10:
+            fail(f"error took {took:.1f}s")
+        return
+    fail("shape mismatch was not detected")
+
+
+def case_hang() -> None:
+    """Rank 0 does one op then sleeps; it is killed by the test."""
+    bps.push_pull(torch.ones(4), name="pre")
+    print("READY", flush=True)
+    if bps.rank() == bps.size() - 1:
+        time.sleep(600)
+    bps.push_pull(torch.ones(4), name="post")
+
+
+CASES = {
+    "dtypes": case_dtypes, "partitions": case_partitions, "many": case_many, "rounds": case_rounds,
+    "overlap": case_overlap, "mismatch": case_mismatch, "hang": case_hang,
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("cases", nargs="+", choices=list(CASES) + ["all"])
+    args = p.parse_args()
+    bps.init()
+    cases = [c for c in CASES if c not in ("mismatch", "hang")] if "all" in args.cases else args.cases
+    for c in cases:
+        t = time.monotonic()
+        CASES[c]()
+        print(f"case {c} ok on rank {bps.rank()}/{bps.size()} in {time.monotonic() - t:.2f}s", flush=True)
+    bps.shutdown()
+    print("ALL-OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Integration tests: real processes (scheduler, servers, workers) started by the
+real launcher, talking over real ZeroMQ sockets on localhost."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(ROOT / "tests" / "scripts" / "pp_worker.py")
+
+
+def launch(workers: int, servers: int, *cases: str, env: dict | None = None, timeout: float = 120,
+           port: int | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", str(servers)]
+    if port:
+        argv += ["--port", str(port)]
+    for k, v in (env or {}).items():
+        argv += ["--env", f"{k}={v}"]
+    argv += ["--", sys.executable, WORKER, *cases]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def assert_ok(res: subprocess.CompletedProcess, workers: int) -> None:
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert out.count("ALL-OK") == workers, out[-4000:]
+
+
+@pytest.mark.parametrize("workers,servers", [(1, 1), (2, 1), (2, 3), (3, 2), (4, 3)])
+def test_all_cases_across_cluster_shapes(workers, servers):
+    env = {"BYTEPS_PARTITION_BYTES": "40000"}
+    if workers == 1:
+        env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker, but through a real server
+    assert_ok(launch(workers, servers, "all", env=env), workers)
+
+
+def test_single_process_without_servers_is_local():
+    # size 1, no force: push_pull is a local copy, nothing is started
+    res = subprocess.run([sys.executable, WORKER, "dtypes", "overlap"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("DMLC")})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ALL-OK" in res.stdout
+
+
+def test_credit_limited_scheduling_gives_same_sums():
+    env = {"BYTEPS_PARTITION_BYTES": "40000", "BYTEPS_SCHEDULING_CREDIT": "2"}
+    assert_ok(launch(2, 2, "partitions", "many", "rounds", env=env), 2)
+
+
+def test_shape_mismatch_raises_on_every_worker_quickly():
+    t0 = time.monotonic()
+    res = launch(3, 2, "mismatch", timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert out.count("MISMATCH-ERROR") == 3, out[-3000:]
+    assert "'mismatched'" in out and "rank 0" in out
+    assert time.monotonic() - t0 < 30
+
+
+def _pids_with_port(port: int) -> list[int]:
+    """Processes whose environment names this job's scheduler port."""
+    marker = f"DMLC_PS_ROOT_PORT={port}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker in (d / "environ").read_bytes().split(b"\0"):
+                pids.append(int(d.name))
+        except (OSError, PermissionError):
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_sigkilled_worker_stops_the_job_within_10s_and_leaves_nothing():
+    from pushpull.launch.cli import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--port", str(port),
+            "--", sys.executable, WORKER, "hang"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines = []
+    try:
+        assert proc.stdout is not None
+        while sum("READY" in ln for ln in lines) < 3:
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        victims = [p for p in _pids_with_port(port) if b"pp_worker.py" in Path(f"/proc/{p}/cmdline").read_bytes()
+                   and b"launch" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(victims) == 3, victims
+        t0 = time.monotonic()
+        os.kill(victims[0], signal.SIGKILL)
+        rc = proc.wait(15)
+        took = time.monotonic() - t0
+        rest = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc != 0
+    assert took < 10, f"launcher took {took:.1f}s"
+    assert "SIGKILL" in rest and "worker" in rest, rest
+    time.sleep(0.5)
+    assert _pids_with_port(port) == []
+
+
+def test_launcher_names_failing_command():
+    res = subprocess.run([sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--",
+                          sys.executable, "-c", "import sys; sys.exit(7)"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 7
+    assert "exit code 7" in res.stderr and "worker" in res.stderr
