@@ -1,0 +1,223 @@
+"""Configuration dataclasses and unit parsing for the simulator.
+
+Everything is in SI base units inside the simulator (bytes, bytes/s,
+seconds); the parsers exist so that a command line or a benchmark row can say
+``10gbit`` or ``50us`` and a typo is reported with the argument's name.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+BACKENDS = ("ps", "allreduce")
+
+# ---------------------------------------------------------------------------
+# unit parsing
+# ---------------------------------------------------------------------------
+
+_RATE_UNITS = {
+    # bits per second
+    "bit": 1 / 8, "bps": 1 / 8,
+    "kbit": 1e3 / 8, "kbps": 1e3 / 8,
+    "mbit": 1e6 / 8, "mbps": 1e6 / 8,
+    "gbit": 1e9 / 8, "gbps": 1e9 / 8,
+    "tbit": 1e12 / 8, "tbps": 1e12 / 8,
+    # bytes per second (explicit "B/s" spellings only, to avoid gb/GB confusion)
+    "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
+}
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+    "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3,
+}
+
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+_NUM = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+
+
+def _parse(value, units: dict, what: str, arg: str, allow_inf: bool = False) -> float:
+    if isinstance(value, (int, float)):
+        v = float(value)
+    else:
+        s = str(value).strip()
+        if allow_inf and s.lower() in ("inf", "infinite", "infinity"):
+            return math.inf
+        m = re.fullmatch(_NUM + r"\s*([a-zA-Zµ/]*)", s)
+        if not m:
+            raise ValueError(f"{arg}: cannot parse {value!r} as a {what}")
+        unit = m.group(2)
+        # "25Gbps" and "25gbps" are bits; "25GB/s" is bytes -- only the "/s" form is bytes
+        key = unit.lower()
+        if key not in units:
+            raise ValueError(f"{arg}: unknown unit {unit!r} in {value!r} (expected one of "
+                             f"{', '.join(sorted(k for k in units if k))})")
+        v = float(m.group(1)) * units[key]
+    if v < 0 or math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{arg}: {what} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def parse_bandwidth(value, arg: str = "bandwidth") -> float:
+    """``10gbit``, ``100mbit``, ``25Gbps`` -> bytes/s (``1.25e9`` for 10 Gbit/s).
+
+    Bare numbers are bytes/s; ``1.25GB/s`` is bytes/s too; ``inf`` means an
+    infinitely fast network. ``10GB`` is refused: bits or bytes is ambiguous.
+    """
+    v = _parse(value, _RATE_UNITS, "bandwidth", arg, allow_inf=True)
+    if v == 0:
+        raise ValueError(f"{arg}: bandwidth must be > 0, got {value!r}")
+    return v
+
+
+def parse_bytes(value, arg: str = "bytes") -> int:
+    """``4MB``, ``4096000``, ``64MiB`` -> bytes (decimal k/M/G, binary KiB/MiB/GiB)."""
+    v = _parse(value, _SIZE_UNITS, "size", arg, allow_inf=False)
+    return int(round(v))
+
+
+def parse_duration(value, arg: str = "latency") -> float:
+    """``50us``, ``1ms``, ``0.2`` (seconds) -> seconds."""
+    return _parse(value, _TIME_UNITS, "duration", arg)
+
+
+def format_bandwidth(bps: float) -> str:
+    """bytes/s -> ``10gbit`` style (the inverse of :func:`parse_bandwidth` for round numbers)."""
+    if math.isinf(bps):
+        return "inf"
+    bits = bps * 8
+    for unit, f in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= f:
+            return f"{bits / f:g}{unit}"
+    return f"{bits:g}bit"
+
+
+def format_bytes(n: float) -> str:
+    if n is None or math.isinf(n):
+        return "inf"
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= f:
+            return f"{n / f:.4g}{unit}"
+    return f"{n:g}B"
+
+
+# ---------------------------------------------------------------------------
+# configs
+# ---------------------------------------------------------------------------
+
+@dataclass
+class ClusterConfig:
+    """The machines and the network the simulated job runs on.
+
+    ``workers`` are network endpoints (machines). Each may hold ``local_size``
+    devices whose gradients are reduced locally (NVLink/PCIe, assumed free)
+    before one copy crosses the network, as BytePS and NCCL's hierarchical
+    rings do; throughput counts ``workers * local_size`` replicas.
+    """
+    workers: int
+    bandwidth: float                    # bytes/s per host NIC, each direction
+    servers: int | None = None          # PS servers; None -> same as workers
+    backend: str = "ps"                 # "ps" | "allreduce"
+    latency: float = 50e-6              # per-message latency (alpha), seconds
+    colocated: bool = False             # BytePS style: server k shares machine k's NIC
+    server_bandwidth: float | None = None   # per server NIC; None -> bandwidth
+    sum_rate: float | None = None       # server summation, input bytes/s; None -> free
+    ps_partition_bytes: int = 4_096_000 # PS shards keys at this size (BYTEPS_PARTITION_BYTES)
+    local_size: int = 1                 # devices per worker machine
+
+    def __post_init__(self):
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+        if self.servers is None:
+            self.servers = self.workers
+        if not isinstance(self.servers, int) or self.servers < 1:
+            raise ValueError(f"servers must be an integer >= 1, got {self.servers!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not (self.bandwidth > 0):
+            raise ValueError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+        if self.server_bandwidth is None:
+            self.server_bandwidth = self.bandwidth
+        if not (self.server_bandwidth > 0):
+            raise ValueError(f"server_bandwidth must be > 0 bytes/s, got {self.server_bandwidth!r}")
+        if not (self.latency >= 0) or math.isinf(self.latency):
+            raise ValueError(f"latency must be a finite number >= 0 s, got {self.latency!r}")
+        if self.sum_rate is not None and not (self.sum_rate > 0):
+            raise ValueError(f"sum_rate must be > 0 bytes/s or None, got {self.sum_rate!r}")
+        if not isinstance(self.ps_partition_bytes, int) or self.ps_partition_bytes < 1:
+            raise ValueError(f"ps_partition_bytes must be an integer >= 1, got {self.ps_partition_bytes!r}")
+        if not isinstance(self.local_size, int) or self.local_size < 1:
+            raise ValueError(f"local_size must be an integer >= 1, got {self.local_size!r}")
+        if self.colocated and self.servers > self.workers:
+            raise ValueError(f"servers: colocated mode puts one server on each of the first "
+                             f"{self.workers} worker machines; got servers={self.servers}")
+
+    @property
+    def replicas(self) -> int:
+        return self.workers * self.local_size
+
+    def alpha_beta(self) -> tuple[float, float]:
+        """(alpha, beta) of an unloaded reduction, ``t(bytes) = alpha + beta*bytes``.
+
+        MG-WFBP plans with this linear model. All-reduce: the ring's 2(n-1)
+        steps. PS: push then pull of a message that is spread over the
+        servers, each direction limited by the worker NIC or by the servers'
+        aggregate share ``k*B_s/n``.
+        """
+        n, k, B = self.workers, self.servers, self.bandwidth
+        if self.backend == "allreduce":
+            if n == 1:
+                return 0.0, 0.0
+            return 2 * (n - 1) * self.latency, 2 * (n - 1) / (n * B)
+        eff = min(B, k * self.server_bandwidth / n)
+        return 2 * self.latency, 2.0 / eff
+
+
+@dataclass
+class Compression:
+    """Gradient compression as the network sees it.
+
+    ``ratio`` shrinks the payload of every tensor of at least
+    ``min_compress_bytes`` (BytePS' default 65536); the codec costs are
+    seconds per *uncompressed* byte, paid by the worker before a push and
+    after a pull, and by the server (decompress n pushes, compress the sum).
+    """
+    ratio: float = 1.0
+    compress_s_per_byte: float = 0.0
+    decompress_s_per_byte: float = 0.0
+    min_compress_bytes: int = 65536
+
+    def __post_init__(self):
+        if not (self.ratio > 0) or math.isinf(self.ratio):
+            raise ValueError(f"compression ratio must be a finite number > 0, got {self.ratio!r}")
+        for name in ("compress_s_per_byte", "decompress_s_per_byte"):
+            v = getattr(self, name)
+            if not (v >= 0) or math.isinf(v):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.min_compress_bytes < 0:
+            raise ValueError(f"min_compress_bytes must be >= 0, got {self.min_compress_bytes!r}")
+
+    def applies(self, tensor_bytes: int) -> bool:
+        return tensor_bytes >= self.min_compress_bytes
+
+
+@dataclass
+class SimOptions:
+    """Knobs of the simulation itself (not of the cluster or the strategy)."""
+    layerwise_update: bool = True   # next forward of layer l waits only for layer l's update
+    iterations: int = 3             # iterations laid out in the trace; the last one is reported
+    compute_scale: float = 1.0      # multiply profile compute times (GPU k x faster: 1/k)
+    trace: bool = True              # keep per-event records for write_trace()
+
+    def __post_init__(self):
+        if self.iterations < 2:
+            raise ValueError(f"iterations must be >= 2 (one warm-up, one steady), got {self.iterations!r}")
+        if not (self.compute_scale >= 0) or math.isinf(self.compute_scale):
+            raise ValueError(f"compute_scale must be a finite number >= 0, got {self.compute_scale!r}")
+
+
+__all__ = [
+    "ClusterConfig", "Compression", "SimOptions", "BACKENDS",
+    "parse_bandwidth", "parse_bytes", "parse_duration", "format_bandwidth", "format_bytes",
+]
