@@ -209,11 +209,11 @@ class Server:
         if h.numel != ks.numel or dtype_name(h.dtype) != ks.dtype:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {dtype_name(h.dtype)}[{h.numel}], "
                                 f"the tensor is {ks.dtype}[{ks.numel}]")
-        data = wire_view(buf, ks.dtype)
-        if data.size != ks.numel:
+        want = ks.numel * wire_view(b"", ks.dtype).itemsize
+        if len(buf) != want:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {len(buf)} bytes for "
-                                f"{ks.numel} elements of {ks.dtype}")
-        return data
+                                f"{ks.numel} elements of {ks.dtype} ({want} bytes)")
+        return wire_view(buf, ks.dtype)
 
     def _push(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
