@@ -1,0 +1,339 @@
+"""Wire payload and the compressor interface.
+
+A :class:`Payload` is exactly one contiguous ``uint8`` buffer so the transport
+can hand it to ZeroMQ as a single zero-copy frame:
+
+    offset 0   fixed 40-byte little-endian header (``HEADER``)
+    offset 40  the original shape, one int64 per dimension
+    then       the codec's body sections, each starting on an 8-byte boundary
+
+The header carries everything a receiver in another process needs to decode
+(codec id, original dtype, shape, numel, one float64 scale, one uint32
+parameter, one uint64 count, 16 flag bits); the section layout is a pure
+function of those fields, so the buffer holds no per-section table.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import warnings
+from typing import Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Payload",
+    "Compressor",
+    "decode_payload",
+    "register_codec",
+    "resolve_k",
+    "HEADER",
+    "CHUNK",
+]
+
+# magic, version, codec, dtype code, ndim, flags, numel, scale, param, reserved, count
+HEADER = struct.Struct("<2sBBBBHQdIIQ")
+MAGIC = b"PP"
+VERSION = 1
+_ALIGN = 8
+
+# Elements processed per step by the chunked kernels: small enough that the
+# temporaries of one step stay in the L2 cache, large enough that the
+# per-call overhead of NumPy is noise.
+CHUNK = 1 << 16
+
+_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
+_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+# codec id -> compressor class; filled by @register_codec at import time.
+_CODECS: dict[int, type["Compressor"]] = {}
+
+
+def register_codec(cls: type["Compressor"]) -> type["Compressor"]:
+    """Class decorator: make payloads with ``cls.codec`` decodable anywhere."""
+    other = _CODECS.get(cls.codec)
+    if other is not None and other is not cls:
+        raise ValueError(f"codec id {cls.codec} used by both {other.__name__} and {cls.__name__}")
+    _CODECS[cls.codec] = cls
+    return cls
+
+
+def _codec_class(codec: int) -> type["Compressor"]:
+    try:
+        return _CODECS[codec]
+    except KeyError:
+        raise ValueError(
+            f"unknown codec id {codec}; known: {sorted(_CODECS)} "
+            "(import pushpull.compression to register all codecs)"
+        ) from None
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _as_uint8_array(buf) -> np.ndarray:
+    """Zero-copy uint8 view of anything with the buffer protocol (or a tensor)."""
+    if isinstance(buf, torch.Tensor):
+        return buf.detach().reshape(-1).view(torch.uint8).numpy()
+    if isinstance(buf, np.ndarray):
+        return buf.reshape(-1).view(np.uint8)
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+class Payload:
+    """A compressed tensor as it travels: header fields plus typed body views.
+
+    ``buffer`` is the whole wire image; ``sections`` are views into it, so a
+    compressor writes its output straight into the bytes that get sent.
+    """
+
+    __slots__ = ("codec", "dtype", "shape", "scale", "param", "count", "flags", "buffer", "sections")
+
+    def __init__(self, codec, dtype, shape, scale, param, count, flags, buffer, sections):
+        self.codec: int = codec
+        self.dtype: torch.dtype = dtype
+        self.shape: tuple[int, ...] = shape
+        self.scale: float = scale
+        self.param: int = param
+        self.count: int = count
+        self.flags: int = flags
+        self.buffer: torch.Tensor = buffer
+        self.sections: list[torch.Tensor] = sections
+
+    # -- construction ---------------------------------------------------
+    @classmethod
+    def allocate(
+        cls,
+        codec: int,
+        dtype: torch.dtype,
+        shape: Sequence[int],
+        *,
+        scale: float = 0.0,
+        param: int = 0,
+        count: int = 0,
+        flags: int = 0,
+    ) -> "Payload":
+        """Fresh buffer with the header written and uninitialised sections.
+
+        A fresh buffer each call (rather than a reused one) because the
+        transport may still be sending the previous payload without a copy.
+        """
+        shape = tuple(int(d) for d in shape)
+        numel = math.prod(shape)
+        layout = _codec_class(codec).layout(numel, dtype, param, count, flags)
+        offsets, total = cls._offsets(len(shape), layout)
+        buffer = torch.empty(total, dtype=torch.uint8)
+        payload = cls(codec, dtype, shape, float(scale), int(param), int(count), int(flags), buffer,
+                      cls._views(buffer, layout, offsets))
+        payload._write_header()
+        return payload
+
+    @classmethod
+    def from_buffer(cls, buf) -> "Payload":
+        """Rebuild a payload from a received buffer without copying the body."""
+        arr = _as_uint8_array(buf)
+        if arr.size < HEADER.size:
+            raise ValueError(f"payload buffer too short: {arr.size} bytes < header {HEADER.size}")
+        magic, version, codec, dcode, ndim, flags, numel, scale, param, _res, count = HEADER.unpack_from(arr, 0)
+        if magic != MAGIC:
+            raise ValueError(f"not a pushpull payload (magic {magic!r}, expected {MAGIC!r})")
+        if version != VERSION:
+            raise ValueError(f"payload version {version} not supported (expected {VERSION})")
+        if dcode >= len(_DTYPES):
+            raise ValueError(f"payload has unknown dtype code {dcode}")
+        dtype = _DTYPES[dcode]
+        shape = struct.unpack_from(f"<{ndim}q", arr, HEADER.size)
+        if math.prod(shape) != numel:
+            raise ValueError(f"payload shape {shape} does not match numel {numel}")
+        layout = _codec_class(codec).layout(numel, dtype, param, count, flags)
+        offsets, total = cls._offsets(ndim, layout)
+        if arr.size < total:
+            raise ValueError(f"payload truncated: {arr.size} bytes, format needs {total}")
+        with warnings.catch_warnings():
+            # bytes from the socket are read-only; decoders only read them.
+            warnings.simplefilter("ignore", UserWarning)
+            buffer = torch.from_numpy(arr[:total])
+        return cls(codec, dtype, tuple(shape), scale, param, count, flags, buffer,
+                   cls._views(buffer, layout, offsets))
+
+    @staticmethod
+    def _offsets(ndim: int, layout) -> tuple[list[int], int]:
+        pos = _align(HEADER.size + 8 * ndim)
+        offsets = []
+        for dt, n in layout:
+            offsets.append(pos)
+            pos = _align(pos + n * _itemsize(dt))
+        return offsets, pos
+
+    @staticmethod
+    def _views(buffer: torch.Tensor, layout, offsets) -> list[torch.Tensor]:
+        views = []
+        for (dt, n), off in zip(layout, offsets):
+            views.append(buffer[off: off + n * _itemsize(dt)].view(dt))
+        return views
+
+    def _write_header(self) -> None:
+        arr = self.buffer.numpy()
+        HEADER.pack_into(arr, 0, MAGIC, VERSION, self.codec, _DTYPE_CODE[self.dtype], len(self.shape),
+                         self.flags, self.numel, self.scale, self.param, 0, self.count)
+        struct.pack_into(f"<{len(self.shape)}q", arr, HEADER.size, *self.shape)
+
+    def set_scale(self, scale: float) -> None:
+        """Patch the scale after the body was written (kernels that learn it late)."""
+        self.scale = float(scale)
+        self._write_header()
+
+    # -- wire -----------------------------------------------------------
+    def to_buffer(self) -> memoryview:
+        """The wire image as a zero-copy memoryview (one ZeroMQ frame)."""
+        return memoryview(self.buffer.numpy())
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buffer.numel())
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def __repr__(self) -> str:
+        name = getattr(_CODECS.get(self.codec), "name", self.codec)
+        return (f"Payload({name}, dtype={self.dtype}, shape={self.shape}, nbytes={self.nbytes}, "
+                f"scale={self.scale:g}, param={self.param}, count={self.count}, flags={self.flags:#x})")
+
+
+def _itemsize(dt: torch.dtype) -> int:
+    return dt.itemsize
+
+
+def decode_payload(payload, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode a Payload (or its wire buffer) with the codec named in its header.
+
+    Stateless, so a server can decode pushes from any worker.
+    """
+    if not isinstance(payload, Payload):
+        payload = Payload.from_buffer(payload)
+    return _codec_class(payload.codec).decode(payload, out)
+
+
+def resolve_k(k: float, numel: int) -> int:
+    """k >= 1 is a count, 0 < k < 1 a fraction of numel (at least one element)."""
+    if numel == 0:
+        return 0
+    if k >= 1:
+        return min(int(k), numel)
+    return min(numel, max(1, int(k * numel)))
+
+
+def check_k(k, who: str) -> float:
+    """Validate a top-k/random-k ``k`` early, with a message naming it."""
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0:
+        raise ValueError(f"{who}: k must be a count >= 1 or a fraction in (0, 1), got {k!r}")
+    if k >= 1 and k != int(k):
+        raise ValueError(f"{who}: k >= 1 is an element count and must be whole, got {k!r}")
+    return float(k)
+
+
+def flat_input(tensor: torch.Tensor, compute_dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+    """Contiguous 1-D view of a float tensor, cast to ``compute_dtype`` if needed."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"only floating tensors can be compressed, got {tensor.dtype}")
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    flat = tensor.detach().reshape(-1)
+    if compute_dtype is not None and flat.dtype != compute_dtype:
+        flat = flat.to(compute_dtype)
+    return flat.contiguous()
+
+
+def output_for(payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+    """The tensor to decode into: ``out`` if given (checked), else a fresh one."""
+    if out is None:
+        return torch.empty(payload.shape, dtype=payload.dtype)
+    if out.numel() != payload.numel:
+        raise ValueError(f"out has {out.numel()} elements, payload has {payload.numel}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    return out
+
+
+def decode_into(out: torch.Tensor, fill: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """Run ``fill`` on a flat fp32 view of ``out`` (via a temporary if needed)."""
+    flat = out.view(-1)
+    if flat.dtype == torch.float32:
+        fill(flat)
+    else:
+        tmp = torch.empty(flat.numel(), dtype=torch.float32)
+        fill(tmp)
+        flat.copy_(tmp)
+    return out
+
+
+def lut_decode(packed: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+    """out[i*per:(i+1)*per] = table[packed[i]]: one gather per byte.
+
+    Every packed format here (sign bits, 2/4/8-bit level codes) decodes by
+    looking up each byte in a (256, per) float32 table, which NumPy's ``take``
+    copies row by row without per-element arithmetic.
+    """
+    n = out.size
+    per = table.shape[1]
+    full = n // per
+    step = max(1, CHUNK // per)
+    for start in range(0, full, step):
+        stop = min(full, start + step)
+        np.take(table, packed[start:stop], axis=0, out=out[start * per: stop * per].reshape(-1, per))
+    rem = n - full * per
+    if rem:
+        out[full * per:] = table[packed[full], :rem]
+
+
+class Compressor:
+    """Turns one tensor into a :class:`Payload` and back.
+
+    Instances are per tensor (or per partition): wrappers such as error
+    feedback keep state that belongs to exactly one gradient.
+    """
+
+    codec: ClassVar[int] = -1
+    name: ClassVar[str] = "abstract"
+
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        raise NotImplementedError
+
+    def decompress(self, payload, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode to the original shape and dtype (into ``out`` when given)."""
+        return decode_payload(payload, out)
+
+    def reset(self) -> None:
+        """Forget per-tensor state (residuals, momentum). Stateless: nothing."""
+
+    # -- codec hooks (class level; used by Payload and decode_payload) ----
+    @staticmethod
+    def layout(numel: int, dtype: torch.dtype, param: int, count: int, flags: int) -> list[tuple[torch.dtype, int]]:
+        """Body sections as (dtype, element count), derived from header fields."""
+        raise NotImplementedError
+
+    @classmethod
+    def decode(cls, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

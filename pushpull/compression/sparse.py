@@ -1,0 +1,38 @@
+"""Shared wire format of the sparse codecs: (index, value) pairs."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Payload, output_for
+
+INT32_LIMIT = 2**31 - 1
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 indices whenever they fit: 4 bytes per kept element instead of 8."""
+    return torch.int32 if numel <= INT32_LIMIT else torch.int64
+
+
+def sparse_layout(numel, dtype, param, count, flags):
+    """``count`` indices, then ``count`` values in the original dtype."""
+    return [(index_dtype(numel), count), (dtype, count)]
+
+
+def scatter_decode(payload: Payload, out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
+    """Zeros everywhere except the listed entries.
+
+    ``accumulate`` adds repeated indices (random-k draws with replacement)
+    instead of letting the last one win.
+    """
+    out = output_for(payload, out)
+    flat = out.view(-1)
+    flat.zero_()
+    if payload.count:
+        idx = payload.sections[0].to(torch.int64)
+        vals = payload.sections[1].to(flat.dtype)
+        if accumulate:
+            flat.index_add_(0, idx, vals)
+        else:
+            flat.index_copy_(0, idx, vals)
+    return out
