@@ -146,14 +146,15 @@ def _base_env(env: dict | None) -> dict:
 def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, worker_argv: Sequence[str],
                env: dict | None = None, placement: str = "colocated", port: int | None = None,
                scheduler_host: int = 0, log_dir: str | Path | None = None,
-               python: str = sys.executable) -> Job:
+               python: str = sys.executable, launcher: Sequence[str] | None = None) -> Job:
     """Start scheduler, servers and workers of a pushpull job on ``cluster``.
 
     Worker i runs on host i; server j on host j ('colocated', as BytePS
     recommends) or on host num_workers + j ('separate'); the scheduler on
     ``scheduler_host``. Each worker host is one BytePS worker machine with one
     process (``BYTEPS_LOCAL_SIZE=1``). Returns the :class:`Job` at once; call
-    ``job.wait(timeout)``.
+    ``job.wait(timeout)``. ``launcher`` replaces ``python -m pushpull launch``
+    (a stand-in for tests, or ``bpslaunch``).
     """
     if num_workers < 1 or num_servers < 0:
         raise ValueError("need num_workers >= 1 and num_servers >= 0")
@@ -171,7 +172,7 @@ def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, wor
     base.setdefault("BYTEPS_LOCAL_SIZE", "1")
     job = Job(log_dir=Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pushpull-job-")))
     job.log_dir.mkdir(parents=True, exist_ok=True)
-    launch = [python, "-m", "pushpull", "launch"]
+    launch = list(launcher) if launcher else [python, "-m", "pushpull", "launch"]
     try:
         _start(cluster, job, "scheduler", scheduler_host, launch,
                dict(base, DMLC_ROLE="scheduler", DMLC_NODE_HOST=cluster.addr(scheduler_host)), False)
