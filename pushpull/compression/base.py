@@ -173,11 +173,12 @@ class Payload:
 
     @staticmethod
     def _offsets(ndim: int, layout) -> tuple[list[int], int]:
-        pos = _align(HEADER.size + 8 * ndim)
+        pos = HEADER.size + 8 * ndim  # a multiple of 8 already
         offsets = []
         for dt, n in layout:
+            pos = _align(pos)  # sections start aligned; the buffer ends unpadded
             offsets.append(pos)
-            pos = _align(pos + n * _itemsize(dt))
+            pos += n * _itemsize(dt)
         return offsets, pos
 
     @staticmethod

@@ -12,6 +12,7 @@ carry settings for several; unknown keys and bad values raise ValueError.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any, Callable, Mapping
 
@@ -61,6 +62,8 @@ _OPTIONS = {
     "dithering": ("k", "partition", "normalize", "seed"),
 }
 _DITHERING_DEFAULT_LEVELS = 2
+
+log = logging.getLogger(__name__)
 
 
 def _choice(spec: Mapping, key: str, valid) -> str:
@@ -129,6 +132,17 @@ def _codec(spec: dict, seed_offset: int) -> Compressor:
     return COMPRESSORS[name](**kwargs)
 
 
+def _with_error_feedback(spec: dict, codec: Compressor, lr_getter) -> Compressor:
+    if spec["ef"] != "vanilla":
+        return codec
+    if spec["compressor"] == "randomk":
+        # The n/k rescaling makes random-k unbiased but not contractive: the
+        # residual p - D(C(p)) can be larger than p, and EF then blows up.
+        log.warning("compression: randomk with ef=vanilla tends to diverge (the n/k-scaled "
+                    "random-k is not contractive); prefer topk with error feedback")
+    return ErrorFeedback(codec, lr_getter=lr_getter)
+
+
 def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
           seed_offset: int = 0) -> Compressor:
     """The worker chain for one tensor: momentum -> error feedback -> codec.
@@ -138,9 +152,7 @@ def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] |
     given the same spec and offset, draws the same ones.
     """
     spec = normalize_spec(spec)
-    chain = _codec(spec, seed_offset)
-    if spec["ef"] == "vanilla":
-        chain = ErrorFeedback(chain, lr_getter=lr_getter)
+    chain = _with_error_feedback(spec, _codec(spec, seed_offset), lr_getter)
     if spec["momentum"] == "nesterov":
         chain = NesterovMomentum(chain, mu=spec["mu"])
     return chain
@@ -151,10 +163,7 @@ def build_server(spec: Mapping | str | None = None, *, lr_getter: Callable[[], f
     """The server chain: it re-compresses each sum with its own error feedback
     and never applies momentum (that already happened on the workers)."""
     spec = normalize_spec(spec)
-    chain = _codec(spec, seed_offset)
-    if spec["ef"] == "vanilla":
-        chain = ErrorFeedback(chain, lr_getter=lr_getter)
-    return chain
+    return _with_error_feedback(spec, _codec(spec, seed_offset), lr_getter)
 
 
 def spec_to_json(spec: Mapping | str | None) -> str:
