@@ -66,6 +66,26 @@ def _opt_int(s: str) -> int | None:
     return None if s.strip() == "" else _int_min(0)(s)
 
 
+def _auto_or_pos_float(s: str) -> float | None:
+    if s.strip().lower() in ("", "auto"):
+        return None
+    return _float_pos(s)
+
+
+def _opt_float(s: str) -> float | None:
+    """Empty = unset (measure / pick a default); otherwise a number >= 0."""
+    if s.strip() == "":
+        return None
+    v = float(s)
+    if not v >= 0:
+        raise ValueError("expected a number >= 0 (or empty for automatic)")
+    return v
+
+
+def _opt_bytes(s: str) -> int | None:
+    return None if s.strip() == "" else _int_min(1)(s)
+
+
 _LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal")
 
 
@@ -130,6 +150,21 @@ SETTINGS: tuple[Setting, ...] = (
     S("fusion_threshold_bytes", [], 64 * 1024 * 1024, _int_min(1), "integer >= 1",
       "Tensor-fusion buffer size for the 'fusion' strategy."),
     S("fusion_cycle_ms", [], 1.0, _float_pos, "number > 0", "Tensor-fusion cycle time in milliseconds."),
+    S("strategy_warmup_steps", [], 2, _int_min(1), "integer >= 1",
+      "Steps the 'fusion' and 'mgwfbp' strategies measure gradient-ready times (reducing as one buffer) "
+      "before fixing their buffers from rank 0's measurement."),
+    S("mgwfbp_alpha", [], None, _opt_float, "seconds >= 0, or empty = measure",
+      "MG-WFBP: start-up cost of one reduction (alpha of alpha + beta*bytes); empty = fitted from a few "
+      "reductions of different sizes at the end of the warm-up."),
+    S("mgwfbp_beta", [], None, _opt_float, "seconds per byte >= 0, or empty = measure",
+      "MG-WFBP: per-byte cost of one reduction (beta); empty = fitted with alpha."),
+    S("bytescheduler_partition_bytes", [], None, _opt_bytes, "integer >= 1, or empty = default",
+      "ByteScheduler partition size; default 4000000 (1 M float32 elements) over ps, 32000000 over allreduce."),
+    S("bytescheduler_credit_bytes", [], None, _opt_bytes, "integer >= 1, or empty = default",
+      "ByteScheduler credit (bytes in flight); default 16000000 (4 M elements) over ps, 64000000 over allreduce."),
+    S("allreduce_port", [], None, _opt_int, "port 1..65535, or empty = DMLC_PS_ROOT_PORT + 2",
+      "Port of rank 0's torch.distributed rendezvous store for PUSHPULL_BACKEND=allreduce (rank 0 runs on "
+      "DMLC_PS_ROOT_URI)."),
     # --- server
     S("server_engine_thread", ["BYTEPS_SERVER_ENGINE_THREAD"], 4, _int_min(1), "integer >= 1",
       "Summation threads per server."),
@@ -150,6 +185,27 @@ SETTINGS: tuple[Setting, ...] = (
     S("trace_start_step", ["BYTEPS_TRACE_START_STEP"], 10, _int_min(0), "integer >= 0", "First traced step."),
     S("trace_end_step", ["BYTEPS_TRACE_END_STEP"], 20, _int_min(0), "integer >= 0", "Last traced step."),
     S("trace_dir", ["BYTEPS_TRACE_DIR"], "./trace", _str, "directory", "Where timelines are written."),
+    # --- auto-tuning (pushpull.torch.autotune)
+    S("autotune", [], False, _bool, "0 | 1",
+      "Tune partition size and credit online by Bayesian optimisation; rank 0 decides, every worker applies "
+      "the same setting at the same step (docs/autotune.md)."),
+    S("autotune_startup_trials", [], 10, _int_min(0), "integer >= 0",
+      "Auto-tuning: random points measured before the model-guided ones."),
+    S("autotune_trials", [], 15, _int_min(0), "integer >= 0",
+      "Auto-tuning: model-guided trials after the random ones."),
+    S("autotune_window", [], 10, _int_min(1), "integer >= 1",
+      "Auto-tuning: steps measured per trial (the objective is their mean step time)."),
+    S("autotune_warmup", [], 3, _int_min(0), "integer >= 0",
+      "Auto-tuning: steps dropped after each change before measuring (new keys, caches)."),
+    S("autotune_sampler", [], "gp", _choice("gp", "tpe"), "gp | tpe",
+      "Auto-tuning: optuna sampler, Gaussian process (expected improvement) or TPE."),
+    S("autotune_scale", [], None, _auto_or_pos_float, "auto | number > 0",
+      "Auto-tuning: factor on the search space (credit 1..16 M and partition 2..32 M elements); "
+      "auto = min(1, model elements / 32 M), so small models get a space that fits them."),
+    S("autotune_seed", [], 0, _int_min(0), "integer >= 0", "Auto-tuning: seed of the sampler."),
+    S("autotune_log", [], None, lambda s: s or None, "file path",
+      "Auto-tuning: JSON-lines log of trials and applied settings; {rank} is replaced by the rank "
+      "(default <trace_dir>/<rank>/autotune.jsonl)."),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

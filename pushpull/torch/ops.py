@@ -15,6 +15,7 @@ import threading
 import torch
 
 from pushpull.config import Config, load_config, python_log_level, worker_identity
+from pushpull.worker import trace as _trace
 from pushpull.worker.engine import SUPPORTED, Engine
 from pushpull.worker.handle import Handle, PushPullError
 
@@ -34,6 +35,9 @@ class _State:
         self.noname = itertools.count()
         self.lock = threading.Lock()
         self.local_names: set[str] = set()  # single-process mode: names not yet synchronized
+        # appended to every tensor name; the auto-tuner bumps it when it changes the partition size,
+        # so re-partitioned tensors get new keys (pushpull.torch.autotune)
+        self.name_suffix = ""
 
 
 _state = _State()
@@ -73,12 +77,14 @@ def init(config: Config | None = None) -> None:
         _state.engine = engine
         atexit.register(shutdown)
     _state.cfg = cfg
+    _trace.install(cfg, ident.rank, _state.engine)
 
 
 def shutdown() -> None:
     """Leave the cluster: waits until every worker is done, then servers exit."""
     eng = _state.engine
     _state.engine = None
+    _trace.uninstall()
     if eng is not None:
         eng.shutdown()
     _state.cfg = None
@@ -137,7 +143,7 @@ def _submit(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, na
     st = _need_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"push_pull expects a torch.Tensor, got {type(tensor).__name__}")
-    name = _name(name)
+    name = _name(name) + st.name_suffix
     if st.engine is None:
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported")
@@ -193,6 +199,10 @@ def synchronize(handle: int, timeout: float | None = None) -> torch.Tensor:
         with _state.lock:
             _state.local_names.discard(h.name)
         return h.wait(0.0)
+    tr = _trace.current
+    if tr is not None and not h.done():
+        with tr.span("wait", f"wait {h.name}", cat="wait"):
+            return eng.wait(h, timeout)
     return eng.wait(h, timeout)
 
 
@@ -211,7 +221,15 @@ def declare(name: str, tensor: torch.Tensor | None = None) -> None:
     so declaring is optional; with a tensor it fixes shape and dtype early."""
     st = _need_init()
     if st.engine is not None and tensor is not None:
-        st.engine.declare(name, tensor)
+        st.engine.declare(name + st.name_suffix, tensor)
+
+
+def trace_step() -> None:
+    """Mark the end of a training step for the timeline (PUSHPULL_TRACE_ON).
+
+    Optional: DistributedOptimizer.step() counts steps by itself; once this is
+    called, only these calls count (for loops with several optimizers or none)."""
+    _trace.step()
 
 
 def barrier() -> None:

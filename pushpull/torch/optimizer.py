@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
 from pushpull.torch.strategies import make_strategy
+from pushpull.worker import trace as _trace
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ hooks --
     def _on_grad(self, p: torch.nn.Parameter) -> None:
+        # any new gradient makes an earlier synchronize() stale, even one that is not submitted yet
+        self._synchronized = False
         n = self._passes.get(p, 0) + 1
         self._passes[p] = n
         if p in self._submitted:
@@ -104,7 +108,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"backward_passes_per_step")
         if n < self.backward_passes_per_step:
             return
-        self._synchronized = False
         self._submitted[p] = None
         self._ready_order.append(p)
         self._strategy.on_ready(self._names[p], p.grad, self.priority(p))
@@ -116,6 +119,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._passes.clear()
             self._synchronized = True
             return
+        tr = _trace.current
+        t0 = time.perf_counter() if tr is not None else 0.0
         # parameters that got no gradient on this worker still take part, with zeros,
         # so that workers where they did get one are not left waiting
         for p in self._names:
@@ -130,6 +135,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._passes.clear()
         self._ready_order.clear()
         self._synchronized = True
+        if tr is not None:
+            tr.synchronized(t0)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -151,7 +158,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("step() inside skip_synchronize() but synchronize() was not called: "
                                "the gradients have not been reduced yet")
         self._synchronized = False
-        return super(self.__class__, self).step(closure)  # type: ignore[misc]
+        result = super(self.__class__, self).step(closure)  # type: ignore[misc]
+        if _trace.TRACER is not None:  # one step ends here (or at pushpull.torch.trace_step())
+            _trace.TRACER.end_step()
+        for fn in self.__dict__.get("_after_step_hooks", ()):  # pushpull.torch.autotune
+            fn()
+        return result
 
     def zero_grad(self, set_to_none: bool = True):
         if self._submitted:
@@ -184,4 +196,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, strategy,
                   model, strategy_options)
     wrapped.load_state_dict(optimizer.state_dict())
+    if ops.config().autotune:  # PUSHPULL_AUTOTUNE=1: the tuner attaches itself to step()
+        from pushpull.torch.autotune import AutoTuner
+
+        AutoTuner(wrapped)
     return wrapped

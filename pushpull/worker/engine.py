@@ -108,6 +108,7 @@ class Engine:
         self._req = 0
         credit = cfg.scheduling_credit * cfg.partition_bytes
         self.queue: CreditQueue = CreditQueue(credit)
+        self.partition_bytes = cfg.partition_bytes  # for tensors first used from now on (set_scheduling)
         self.num_servers = 0
         self.started = False
         self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0}
@@ -133,6 +134,22 @@ class Engine:
     def barrier(self) -> None:
         self.member.barrier("worker")
 
+    def set_scheduling(self, partition_bytes: int | None = None, credit_bytes: int | None = None) -> None:
+        """Change partition size (tensors first used after this call keep it) and
+        credit in bytes (0 = unlimited; applies at once). Strategies call this."""
+        if partition_bytes is not None:
+            if partition_bytes < 1:
+                raise ValueError(f"partition_bytes must be >= 1, got {partition_bytes}")
+            self.partition_bytes = int(partition_bytes)
+        if credit_bytes is not None:
+            if credit_bytes < 0:
+                raise ValueError(f"credit_bytes must be >= 0, got {credit_bytes}")
+
+            def apply() -> None:
+                self.queue.credit_bytes = int(credit_bytes)
+                self.queue.admit(self._send_partition)
+            self.van.call_soon(apply)
+
     # ------------------------------------------------------------ caller side --
     def declare(self, name: str, tensor: torch.Tensor, compression: dict | None = None) -> Entry:
         with self.table_lock:
@@ -147,7 +164,7 @@ class Engine:
             return e
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-        pbytes = max(itemsize, self.cfg.partition_bytes // itemsize * itemsize)
+        pbytes = max(itemsize, self.partition_bytes // itemsize * itemsize)
         parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
         use_compression = compression if (compression and nbytes >= self.cfg.min_compress_bytes
                                            and dtype.is_floating_point) else None
@@ -276,6 +293,8 @@ class Engine:
         if op.handle.done():  # the op failed while this partition was queued
             self.queue.release(nbytes)
             return
+        if self.tracer is not None:
+            self.tracer.admitted(op, p)
         self.ops[p.key] = op
         view = op.inp[p.offset:p.offset + p.nbytes]
         itemsize = torch.empty((), dtype=e.dtype).element_size()
@@ -290,6 +309,8 @@ class Engine:
                                    dtype=dtype_code(DTYPE_NAME[e.dtype]), numel=p.nbytes // itemsize,
                                    nbytes=nb, flags=flags), [frame])
         self.van.send(sock, Header(MsgType.PULL, sender=self.rank, key=p.key, round=op.round))
+        if self.tracer is not None:
+            self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
         self.stats["partitions"] += 1
 
@@ -307,7 +328,8 @@ class Engine:
                 if e.pending_inits == 0 and e.state == "initing":
                     self._entry_ready(e)
         elif t == MsgType.PUSH_ACK:
-            pass
+            if self.tracer is not None:
+                self.tracer.push_acked(h.key, h.round)
         elif t == MsgType.PULL_RESP:
             op = self.ops.get(h.key)
             ep = self.parts_by_key.get(h.key)
@@ -315,6 +337,8 @@ class Engine:
                 log.warning("unexpected PULL_RESP for key %d round %d dropped", h.key, h.round)
                 return
             _, p = ep
+            if self.tracer is not None:
+                self.tracer.pull_received(h.key)
             frame = msg.body()
             buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
             dst = op.out_bytes[p.offset:p.offset + p.nbytes]
@@ -327,6 +351,8 @@ class Engine:
                     return
                 np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
             self.stats["bytes_pulled"] += len(buf)
+            if self.tracer is not None:
+                self.tracer.partition_done(op, p)
             del self.ops[h.key]
             self.queue.release(p.nbytes)
             op.remaining -= 1
@@ -384,6 +410,8 @@ class Engine:
                 error = f"tensor {e.name!r}: finishing the output failed: {ex!r}"
         with self.table_lock:
             e.busy = False
+        if self.tracer is not None:
+            self.tracer.op_done(op, error)
         if error is None:
             op.handle.complete()
         else:
