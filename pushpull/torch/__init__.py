@@ -14,3 +14,4 @@ from pushpull.torch.ddp import (  # noqa: F401
 from pushpull.worker.handle import PushPullError  # noqa: F401
 from pushpull.torch.ops import trace_step  # noqa: F401
 from pushpull.torch.scheduled import ScheduledOptimizer  # noqa: F401
+from pushpull.torch.autotune import AutoTuner  # noqa: F401

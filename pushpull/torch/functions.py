@@ -1,0 +1,325 @@
+"""Broadcasts, Horovod/BytePS-shaped: parameters, optimizer state, objects.
+
+A broadcast is a push_pull sum in which every rank but the root contributes
+zeros. The bits travel as an integer view of the tensor (float32 as int32,
+float16 as int16, ...), so ``0 + x`` is exact for every value, -0.0 and NaN
+payloads included, and the root's own tensors are never written.
+
+Every rank must call these functions in the same order with the same names;
+when the ranks disagree (different parameter sets, different optimizer
+layouts) every rank raises an error naming the ranks that differ, instead of
+waiting forever.
+"""
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from typing import Iterable
+
+import torch
+
+from pushpull.torch import ops
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "broadcast_",
+           "BroadcastError"]
+
+# same-size integer dtype that carries a tensor's bits exactly through a sum with zeros
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class BroadcastError(RuntimeError):
+    """The ranks disagree about what is being broadcast."""
+
+
+def _distributed() -> bool:
+    return ops.size() > 1 or ops.config().force_distributed
+
+
+def _check_root(root_rank: int) -> None:
+    n = ops.size()
+    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
+        raise ValueError(f"root_rank={root_rank!r} is not a rank of this job (size {n})")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous integer view of ``t``'s bytes (a copy only if ``t`` is not contiguous)."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    t = t.contiguous()
+    size = t.element_size()
+    if size not in _BITS:
+        raise TypeError(f"cannot broadcast dtype {t.dtype}")
+    if t.dtype == _BITS[size]:
+        return t
+    if t.dim() == 0:
+        return t.reshape(1).view(_BITS[size]).reshape(())
+    return t.view(_BITS[size])
+
+
+def _start(tensor: torch.Tensor, root_rank: int, name: str):
+    """Start broadcasting ``tensor`` (root's value wins); returns what :func:`_finish` needs."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"broadcast of {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if ops.rank() == root_rank:
+        # root: push a view of its bits; the pulled sum goes to a new tensor, the root's is untouched
+        return ops.push_pull_async(_bits(tensor), average=False, name=name), None
+    zeros = torch.zeros_like(_bits(tensor), memory_format=torch.contiguous_format)
+    return ops.push_pull_async_inplace(zeros, average=False, name=name), (tensor, zeros)
+
+
+def _finish(started) -> None:
+    handle, dest = started
+    out = ops.synchronize(handle)
+    if dest is None:
+        return
+    tensor, bits = dest
+    with torch.no_grad():
+        if tensor.is_complex():
+            target = torch.view_as_real(tensor)
+        else:
+            target = tensor
+        src = bits if bits.device == target.device else bits.to(target.device)
+        if target.dim() == 0:
+            target.copy_(src.reshape(1).view(target.dtype).reshape(()))
+        else:
+            target.copy_(src.view(target.dtype))
+    del out
+
+
+def broadcast_(tensors: Iterable[tuple[str, torch.Tensor]], root_rank: int) -> None:
+    """Broadcast ``(name, tensor)`` pairs in place from ``root_rank``; all in flight at once."""
+    started = [_start(t, root_rank, name) for name, t in tensors]
+    first_error = None
+    for s in started:  # wait for all, even after a failure, so no handle is left behind
+        try:
+            _finish(s)
+        except Exception as e:  # noqa: BLE001
+            first_error = first_error or e
+    if first_error is not None:
+        raise first_error
+
+
+def _agree(ok: bool, what: str, detail: str, name: str) -> None:
+    """Every rank says whether it agrees with the root; all raise if any rank does not."""
+    n = ops.size()
+    flags = torch.zeros(n, dtype=torch.int32)
+    if not ok:
+        flags[ops.rank()] = 1
+    flags = ops.push_pull(flags, average=False, name=name)
+    bad = [r for r in range(n) if flags[r].item()]
+    if bad:
+        mine = f"; this rank ({ops.rank()}): {detail}" if not ok else ""
+        raise BroadcastError(f"{what} differs between the root and rank(s) {bad}{mine}")
+
+
+def _fingerprint(items: list[tuple[str, torch.Tensor]]) -> int:
+    text = ";".join(f"{n}:{t.dtype}:{list(t.shape)}" for n, t in items)
+    return zlib.crc32(text.encode())
+
+
+def _items(params) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    else:
+        items = list(params)
+    out = []
+    for entry in items:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError("broadcast_parameters expects a state_dict or an iterable of (name, tensor) pairs, "
+                            "e.g. model.state_dict() or model.named_parameters()")
+        name, t = entry
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor; "
+                            f"broadcast non-tensor values with broadcast_object")
+        out.append((str(name), t))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        dups = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"broadcast_parameters: duplicate names {dups}")
+    return out
+
+
+def broadcast_parameters(params, root_rank: int, prefix: str = "broadcast.") -> None:
+    """Set every rank's tensors to ``root_rank``'s, in place.
+
+    ``params``: a ``state_dict()`` (parameters and buffers) or an iterable of
+    ``(name, tensor)`` such as ``model.named_parameters()``. CPU and GPU
+    tensors of any dtype; the root's tensors are left bit-identical. The names
+    (with ``prefix``) key the transfer, so every rank must pass the same set.
+    """
+    ops._need_init()
+    _check_root(root_rank)
+    items = _items(params)
+    if not _distributed():
+        return
+    fp = torch.tensor([_fingerprint(items)], dtype=torch.int64)
+    got = fp.clone()
+    broadcast_([(prefix + "__fingerprint__", got)], root_rank)
+    _agree(bool(got.item() == fp.item()), "the set of tensors to broadcast (names, dtypes, shapes)",
+           f"{len(items)} tensors: {[n for n, _ in items[:5]]}...", prefix + "__agree__")
+    broadcast_([(prefix + n, t) for n, t in items], root_rank)
+
+
+# ------------------------------------------------------------------ objects --
+
+def _encode(obj, allow_pickle: bool) -> bytes:
+    """JSON when it round-trips exactly (types included), else torch.save (pickle-based)."""
+    try:
+        text = json.dumps(obj, allow_nan=False, sort_keys=False)
+        if json.loads(text) == obj and _same_types(json.loads(text), obj):
+            return b"J" + text.encode()
+    except (TypeError, ValueError, RecursionError):
+        pass
+    if not allow_pickle:
+        raise TypeError(f"cannot send {type(obj).__name__} as JSON")
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return b"T" + buf.getvalue()
+
+
+def _same_types(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return all(_same_types(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return all(_same_types(a[k], b[k]) for k in a)
+    return True
+
+
+def _decode(data: bytes, trusted: bool):
+    if data[:1] == b"J":
+        return json.loads(data[1:].decode())
+    if data[:1] == b"T":
+        return torch.load(io.BytesIO(data[1:]), map_location="cpu", weights_only=not trusted)
+    raise BroadcastError("broadcast_object received bytes in an unknown format")
+
+
+def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
+    is_root = ops.rank() == root_rank
+    length = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
+    broadcast_([(name + ".len", length)], root_rank)
+    n = int(length.item())
+    cap = 1 << max(6, (n - 1).bit_length())  # a few sizes, so the servers keep a few keys
+    buf = torch.zeros(cap, dtype=torch.uint8)
+    if is_root:
+        buf[:n] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    broadcast_([(f"{name}.bytes{cap}", buf)], root_rank)
+    return data if is_root else bytes(buf[:n].numpy())
+
+
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
+    """Return ``root_rank``'s ``obj`` on every rank.
+
+    JSON-able objects (that round-trip exactly) travel as JSON. Anything else
+    is serialised with ``torch.save``, which is pickle-based, and unpickled
+    on the other ranks: only broadcast objects from code you trust (Horovod
+    does the same with cloudpickle). The object travels as a uint8 tensor.
+    """
+    ops._need_init()
+    _check_root(root_rank)
+    if not _distributed():
+        return obj
+    name = name or "broadcast_object"
+    data = _encode(obj, allow_pickle=True) if ops.rank() == root_rank else None
+    out = _broadcast_bytes(data, root_rank, "pushpull.obj." + name)
+    return obj if ops.rank() == root_rank else _decode(out, trusted=True)
+
+
+# ------------------------------------------------------------------ optimizer --
+
+_DTYPES = {str(d): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                                torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+                                torch.complex64, torch.complex128)}
+
+
+def _layout(sd: dict) -> dict:
+    """What a rank needs to rebuild the root's optimizer state: tensor metadata and plain values."""
+    groups = []
+    for g in sd["param_groups"]:
+        groups.append({k: v for k, v in g.items() if k != "params"} | {"__params__": len(g["params"])})
+    state = {}
+    for idx, st in sd["state"].items():
+        entry = {}
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                entry[k] = {"__tensor__": [str(v.dtype), list(v.shape)]}
+            else:
+                entry[k] = {"__value__": v}
+        state[str(idx)] = entry
+    return {"groups": groups, "state": state}
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              prefix: str = "broadcast.opt.") -> None:
+    """Make every rank's optimizer state and hyperparameters equal to ``root_rank``'s.
+
+    Works with CPU and GPU tensors, scalar entries such as ``step`` (tensor or
+    number) and non-tensor entries. Ranks whose state is still empty (no step
+    taken yet) get the root's layout first, then its values; if the root's own
+    state is empty, every rank's state is emptied, which is what a fresh
+    optimizer is. Unlike Horovod, no zero-gradient step is taken to create
+    the state, so parameters and Adam's step count are never disturbed.
+    The root's optimizer is not modified.
+    """
+    ops._need_init()
+    _check_root(root_rank)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if not _distributed():
+        return
+    is_root = ops.rank() == root_rank
+    sd = optimizer.state_dict()
+    layout = _layout(sd) if is_root else None
+    data = _broadcast_bytes(_encode(layout, allow_pickle=True) if is_root else None, root_rank, prefix + "layout")
+    if not is_root:
+        try:  # plain data only: hyperparameters, shapes, numbers (no arbitrary unpickling)
+            layout = _decode(data, trusted=False)
+        except Exception as e:  # noqa: BLE001
+            raise BroadcastError(f"rank {ops.rank()}: cannot read the optimizer layout sent by root rank "
+                                 f"{root_rank} (non-tensor state entries must be plain numbers, strings, "
+                                 f"lists, tuples or dicts): {e}") from e
+
+    mine = [len(g["params"]) for g in optimizer.param_groups]
+    theirs = [g["__params__"] for g in layout["groups"]]
+    _agree(mine == theirs, "the optimizer's parameter groups",
+           f"parameters per group {mine}, root has {theirs}", prefix + "__agree__")
+
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    groups_of = [g_root for g_root, g in zip(layout["groups"], optimizer.param_groups) for _ in g["params"]]
+    root_state = {int(k): v for k, v in layout["state"].items()}
+    new_state: dict[int, dict] = {}
+    transfers = []
+    for idx in sorted(root_state):
+        entry = {}
+        for key, meta in root_state[idx].items():
+            if "__value__" in meta:
+                entry[key] = meta["__value__"]
+                continue
+            dtype, shape = _DTYPES[meta["__tensor__"][0]], meta["__tensor__"][1]
+            if is_root:
+                t = sd["state"][idx][key]
+            else:
+                # where torch's own load_state_dict would put it: 'step' stays on the CPU
+                # unless the group is capturable/fused, everything else goes to the parameter
+                p, group = params[idx], groups_of[idx]
+                on_param = key != "step" or group.get("capturable") or group.get("fused")
+                t = torch.zeros(shape, dtype=dtype, device=p.device if on_param else "cpu")
+            entry[key] = t
+            transfers.append((f"{prefix}{idx}.{key}", t))
+        new_state[idx] = entry
+    broadcast_(transfers, root_rank)
+    if is_root:
+        return
+    # assigned directly: torch's load_state_dict would turn string entries into garbage
+    # (it treats every iterable as a container to cast element-wise)
+    optimizer.state.clear()
+    for idx, entry in new_state.items():
+        optimizer.state[params[idx]] = entry
+    for g, g_root in zip(optimizer.param_groups, layout["groups"]):
+        g.update({k: v for k, v in g_root.items() if k not in ("__params__", "params")})
