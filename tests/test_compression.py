@@ -147,6 +147,8 @@ def test_onebit_signs_and_scale(n):
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=gen)
     x[0] = -abs(x[0]) - 0.1
+    if n > 1:
+        x[1] = 0.0  # sign bit clear: decodes to +scale
     payload = OneBit(scaling=True).compress(x)
     y = decode_payload(wire(payload))
     scale = x.double().abs().mean().item()
@@ -155,6 +157,8 @@ def test_onebit_signs_and_scale(n):
     assert torch.allclose(y.abs(), torch.full_like(y, scale), rtol=1e-6)
     y1 = decode_payload(OneBit(scaling=False).compress(x))
     assert torch.equal(y1, torch.where(x < 0, -1.0, 1.0))
+    if n > 1:
+        assert y[1] > 0 and y1[1] == 1.0
     # 32 signs per 4-byte word, plus the header.
     assert payload.nbytes == HEADER.size + 8 + 4 * math.ceil(n / 32)
 

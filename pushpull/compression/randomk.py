@@ -45,8 +45,8 @@ class RandomK(Compressor):
         index_section, value_section = payload.sections
         idx_np = index_section.numpy()
         idx_np[:] = self._rng.integers(0, n, size=k, dtype=idx_np.dtype)
-        gathered = source[index_section.to(torch.int64)]
-        value_section.copy_(gathered.mul_(n / k))
+        torch.index_select(source, 0, index_section, out=value_section)
+        value_section.mul_(n / k)
         return payload
 
     @staticmethod

@@ -29,10 +29,10 @@ def scatter_decode(payload: Payload, out: torch.Tensor | None, accumulate: bool)
     flat = out.view(-1)
     flat.zero_()
     if payload.count:
-        idx = payload.sections[0].to(torch.int64)
-        vals = payload.sections[1].to(flat.dtype)
+        idx, vals = payload.sections
+        vals = vals.to(flat.dtype)
         if accumulate:
-            flat.index_add_(0, idx, vals)
+            flat.index_add_(0, idx, vals)  # takes int32 indices as they are
         else:
-            flat.index_copy_(0, idx, vals)
+            flat.index_copy_(0, idx.to(torch.int64), vals)
     return out

@@ -58,12 +58,16 @@ class TopK(Compressor):
         x = flat_input(tensor, torch.float64 if tensor.dtype == torch.float64 else torch.float32)
         n = x.numel()
         k = resolve_k(self.k, n)
-        idx = self._indices(x.numpy(), k)
+        xs = x.numpy()
+        idx = self._indices(xs, k)
         payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, count=k)
         index_section, value_section = payload.sections
-        index_section.copy_(torch.from_numpy(idx))
-        source = tensor.detach().reshape(-1).cpu()
-        value_section.copy_(source[index_section.to(torch.int64)] if k else source[:0])
+        index_section.numpy()[:] = idx
+        if x.dtype == tensor.dtype:
+            np.take(xs, idx, out=value_section.numpy())
+        else:  # half types: gather the original values, not the fp32 copies
+            source = tensor.detach().reshape(-1).cpu()
+            torch.index_select(source, 0, torch.from_numpy(idx), out=value_section)
         return payload
 
     def _indices(self, xs: np.ndarray, k: int) -> np.ndarray:
