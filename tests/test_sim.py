@@ -290,6 +290,18 @@ def test_bert_large_64x16_under_5s():
         assert r.comm_span_s >= 4 * prof.nbytes / cl.bandwidth * 0.99
 
 
+def test_shipped_bert_large_64x16_under_5s():
+    from pushpull.profiles import builtin_names, load_profile
+    if "bert_large" not in builtin_names():
+        pytest.skip("shipped bert_large profile not present")
+    prof = load_profile("bert_large")
+    cl = ClusterConfig(workers=64, servers=16, bandwidth=parse_bandwidth("10gbit"))
+    t0 = time.perf_counter()
+    for s in ALL:
+        simulate(prof, cl, s)
+    assert time.perf_counter() - t0 < 5.0
+
+
 # ---------------------------------------------------------------------------
 # CLI and validation
 # ---------------------------------------------------------------------------
