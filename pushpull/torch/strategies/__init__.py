@@ -1,13 +1,19 @@
 """Communication strategies: what happens to a gradient once autograd has
 produced it. One small file per strategy; :func:`make_strategy` picks one by
-name (``PUSHPULL_STRATEGY``). The DistributedOptimizer only talks to the
-:class:`~pushpull.torch.strategies.base.Strategy` interface."""
+name (``PUSHPULL_STRATEGY`` or ``DistributedOptimizer(..., strategy=...)``).
+The DistributedOptimizer only talks to the
+:class:`~pushpull.torch.strategies.base.Strategy` interface, and every
+strategy runs over both backends (``PUSHPULL_BACKEND=ps | allreduce``)."""
 from __future__ import annotations
 
 from pushpull.torch.strategies.base import Strategy
 
 _REGISTRY = {
+    "bsp": "pushpull.torch.strategies.bsp:BSP",
     "wfbp": "pushpull.torch.strategies.wfbp:WFBP",
+    "fusion": "pushpull.torch.strategies.fusion:Fusion",
+    "mgwfbp": "pushpull.torch.strategies.mgwfbp:MGWFBP",
+    "bytescheduler": "pushpull.torch.strategies.bytescheduler:ByteScheduler",
 }
 
 

@@ -1,0 +1,428 @@
+"""All-reduce backend (``PUSHPULL_BACKEND=allreduce``): torch.distributed
+collectives (gloo on CPU, NCCL on GPU) behind the same async submit/wait shape
+as push_pull, with ByteScheduler's partitioning, priority and credit.
+
+Why rank 0 decides the order
+----------------------------
+Collectives match by issue order: if rank 0 issues A then B and rank 1 issues
+B then A, both hang (or sum the wrong tensors). Ranks legitimately see
+gradients in different orders (autograd scheduling, ``on_ready`` races,
+a user submitting in a different order), so the order cannot come from each
+rank's own arrivals. As in ByteScheduler, rank 0 decides and the others follow:
+
+* Every rank's *dispatcher* thread is the only thread that issues collectives.
+* On rank 0, submitted tensors are split into partitions (``partition_bytes``;
+  0 = whole tensors) and queued in a :class:`~pushpull.worker.credit_queue.CreditQueue`
+  ordered by priority (then partition index, then arrival). The dispatcher
+  admits partitions while the bytes in flight are under the credit (0 =
+  unlimited), and broadcasts each admitted batch as a small int64 tensor
+  ``[count, (tensor id, offset, numel, total numel) * count]`` over a second,
+  gloo-only *control* group. Tensor ids are a 63-bit hash of the name, so no
+  id table needs agreeing on.
+* Every rank (rank 0 included) then walks the batch in order: waits until it
+  has submitted that tensor itself (up to PUSHPULL_TIMEOUT, then an error
+  naming it), and issues ``all_reduce(async_op=True)`` on a view of the
+  partition. The first time an id is seen, all ranks compare its size and
+  dtype with one small control all-reduce, so a mismatch fails the tensor on
+  every rank with its name instead of hanging.
+* A *completer* thread waits for the issued works in issue order, returns
+  their credit to rank 0's queue, and completes a tensor's handle (dividing
+  by the number of workers for an average) when its last partition is in.
+
+Nothing can deadlock on order: a rank's training thread submits all of a
+step's gradients before waiting on any, and the dispatcher of a rank that is
+behind simply waits for its own submission. When idle, rank 0 sends an empty
+batch every second so the others' blocking receive never reaches the gloo
+timeout; at exit rank 0 sends STOP. Preemption is ByteScheduler's: a late,
+urgent partition overtakes everything still queued on rank 0; nothing in
+flight is interrupted, so bytes in flight never exceed credit + one partition.
+
+Rendezvous: the process group is created from pushpull's rank and size with
+the TCP store of rank 0 at ``DMLC_PS_ROOT_URI`` port ``PUSHPULL_ALLREDUCE_PORT``
+(default ``DMLC_PS_ROOT_PORT + 2``), so rank 0 must run on that host. An
+already-initialised default process group is reused.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import hashlib
+import logging
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from pushpull.worker.credit_queue import CreditQueue
+from pushpull.worker.handle import Handle, PushPullError
+
+log = logging.getLogger(__name__)
+
+SLOTS = 128          # partitions per control message (a longer batch takes several messages)
+FIELDS = 4           # id, offset, numel, total numel
+STOP = -1
+_DTYPE_CODE = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4, torch.int32: 5,
+               torch.int64: 6, torch.uint8: 7, torch.int8: 8, torch.int16: 9}
+
+
+def tensor_id(name: str) -> int:
+    """A stable 63-bit id for a tensor name (identical on every rank)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+
+class _Entry:
+    """One submitted tensor on this rank."""
+
+    __slots__ = ("name", "id", "flat", "user", "handle", "average", "priority", "numel", "issued", "done",
+                 "itemsize")
+
+    def __init__(self, name, tid, flat, user, handle, average, priority):
+        self.name, self.id, self.flat, self.user, self.handle = name, tid, flat, user, handle
+        self.average, self.priority = average, priority
+        self.numel = flat.numel()
+        self.itemsize = flat.element_size()
+        self.issued = 0
+        self.done = 0
+
+
+class AllReducer:
+    """Async all-reduce with rank-0-decided order. Build with :func:`get_reducer`."""
+
+    def __init__(self, rank: int, size: int, timeout: float, data_group=None, ctrl_group=None,
+                 own_process_group: bool = False):
+        self.rank, self.size, self.timeout = rank, size, timeout
+        self.data_group, self.ctrl_group = data_group, ctrl_group
+        self._own_pg = own_process_group
+        self._cv = threading.Condition()
+        self._submitted: dict[int, _Entry] = {}   # id -> entry not yet fully issued
+        self._names: dict[int, str] = {}          # id -> name: collision check, messages
+        self._busy: set[str] = set()
+        self._checked: set[int] = set()           # ids whose size/dtype all ranks agreed on
+        self._queue: CreditQueue = CreditQueue(0)  # rank 0 only
+        self._partition_bytes = 0
+        self._error: str | None = None
+        self._stopping = False
+        self._closed = False
+        self._issued: "queue.Queue" = queue.Queue()
+        self.keepalive_s = min(1.0, timeout / 4)
+        self.stats = {"collectives": 0, "batches": 0, "bytes": 0, "max_in_flight": 0}
+        self._threads: list[threading.Thread] = []
+        if size > 1:
+            for fn, name in ((self._dispatch_loop, "pushpull-allreduce-dispatch"),
+                             (self._complete_loop, "pushpull-allreduce-complete")):
+                t = threading.Thread(target=fn, name=name, daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    # ------------------------------------------------------------ caller side --
+    def set_scheduling(self, partition_bytes: int = 0, credit_bytes: int = 0) -> None:
+        """Partition size and credit in bytes (0 = whole tensors / unlimited).
+        Only rank 0's values matter: it cuts and admits partitions for everyone."""
+        if partition_bytes < 0 or credit_bytes < 0:
+            raise ValueError(f"partition_bytes and credit_bytes must be >= 0, got {partition_bytes}, "
+                             f"{credit_bytes}")
+        with self._cv:
+            self._partition_bytes = int(partition_bytes)
+            self._queue.credit_bytes = int(credit_bytes)
+            self._cv.notify_all()
+
+    def submit(self, tensor: torch.Tensor, name: str, priority: int = 0, average: bool = True) -> Handle:
+        """Start reducing ``tensor`` in place over all ranks; returns a Handle."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"all-reduce of {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in _DTYPE_CODE:
+            raise TypeError(f"all-reduce of tensor {name!r}: dtype {tensor.dtype} is not supported")
+        if self._error:
+            raise PushPullError(f"all-reduce of tensor {name!r}: {self._error}")
+        if self._closed:
+            raise PushPullError(f"all-reduce of tensor {name!r}: the all-reduce backend was shut down")
+        tid = tensor_id(name)
+        t = tensor.detach()
+        flat, user = (t.view(-1), None) if t.is_contiguous() else (t.contiguous().view(-1), t)
+        h = Handle(name, tensor)
+        entry = _Entry(name, tid, flat, user, h, average, priority)
+        h._describe = lambda: self._describe(entry)
+        with self._cv:
+            other = self._names.setdefault(tid, name)
+            if other != name:
+                raise ValueError(f"tensor names {name!r} and {other!r} hash to the same id; rename one")
+            if name in self._busy:
+                raise ValueError(f"an all-reduce of tensor {name!r} is already in flight; wait for it before "
+                                 f"starting another with the same name")
+            if self.size == 1 or entry.numel == 0:
+                self._finish(entry)
+                return h
+            self._busy.add(name)
+            self._submitted[tid] = entry
+            if self.rank == 0:
+                step = entry.numel if self._partition_bytes <= 0 else \
+                    max(1, self._partition_bytes // entry.itemsize)
+                for i, off in enumerate(range(0, entry.numel, step)):
+                    n = min(step, entry.numel - off)
+                    self._queue.push((entry, off, n), n * entry.itemsize, priority, i)
+            self._cv.notify_all()
+        return h
+
+    def wait(self, handle: Handle, timeout: float | None = None) -> torch.Tensor:
+        """Block until ``handle`` completes; a failed reducer or the timeout raises, naming the tensor."""
+        limit = timeout or self.timeout
+        deadline = time.monotonic() + limit
+        while not handle.done():
+            if self._error:
+                raise PushPullError(f"all-reduce of tensor {handle.name!r}: {self._error}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                what = handle._describe() if handle._describe else ""
+                raise PushPullError(f"all-reduce of tensor {handle.name!r} did not finish within {limit:.0f}s "
+                                    f"(PUSHPULL_TIMEOUT): {what}")
+            handle._event.wait(min(left, 0.25))
+        return handle.wait(0.0)
+
+    def _describe(self, e: _Entry) -> str:
+        if e.issued == 0:
+            who = "rank 0 has not scheduled it yet" if self.rank != 0 else \
+                "still queued (credit exhausted or another rank has not submitted an earlier tensor)"
+            return who
+        return f"{e.done} of {e.numel} elements reduced, {e.issued} issued; a slow or missing rank holds it up"
+
+    def close(self) -> None:
+        """Stop the threads (rank 0 tells the others) and leave the process group."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._threads:
+            self._threads[0].join(self.timeout)
+            if self._threads[0].is_alive():
+                log.warning("all-reduce dispatcher did not stop within %.0fs (is rank 0 still running?)",
+                            self.timeout)
+            self._issued.put(None)
+            self._threads[1].join(self.timeout)
+        if self._own_pg and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as ex:  # already torn down by the user
+                log.debug("destroy_process_group: %r", ex)
+
+    # ------------------------------------------------------------ dispatcher --
+    def _dispatch_loop(self) -> None:
+        if torch.cuda.is_available():
+            from pushpull.torch import ops
+
+            torch.cuda.set_device(ops.local_rank() % torch.cuda.device_count())
+        msg = torch.zeros(1 + FIELDS * SLOTS, dtype=torch.int64)
+        try:
+            while True:
+                if self.rank == 0:
+                    batch, stop = self._next_batch()
+                    for i in range(0, max(len(batch), 1), SLOTS):
+                        chunk = batch[i:i + SLOTS]
+                        msg[0] = len(chunk)
+                        if chunk:
+                            msg[1:1 + FIELDS * len(chunk)] = torch.tensor(
+                                [v for e, off, n in chunk for v in (e.id, off, n, e.numel)], dtype=torch.int64)
+                        dist.broadcast(msg, src=0, group=self.ctrl_group)
+                    if stop:
+                        msg[0] = STOP
+                        dist.broadcast(msg, src=0, group=self.ctrl_group)
+                        return
+                    items = [(e.id, off, n, e.numel) for e, off, n in batch]
+                else:
+                    dist.broadcast(msg, src=0, group=self.ctrl_group)
+                    count = int(msg[0])
+                    if count == STOP:
+                        return
+                    vals = msg[1:1 + FIELDS * count].view(-1, FIELDS).tolist()
+                    items = [tuple(v) for v in vals]
+                if items:
+                    self._issue(items)
+        except Exception as ex:  # a dead peer, a gloo timeout, a failed local wait
+            self._fail_all(f"{type(ex).__name__}: {ex}" if not isinstance(ex, PushPullError) else str(ex))
+
+    def _next_batch(self) -> tuple[list, bool]:
+        """Rank 0: wait for admissible partitions (or a keep-alive tick) and admit them."""
+        with self._cv:
+            deadline = time.monotonic() + self.keepalive_s
+            while not self._admissible() and not (self._stopping and not self._submitted):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            batch: list = []
+            self._queue.admit(lambda item, nb: batch.append(item))
+            self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self._queue.max_in_flight)
+            return batch, self._stopping and not batch and not self._submitted
+
+    def _admissible(self) -> bool:
+        q = self._queue
+        return len(q) > 0 and (q.credit_bytes <= 0 or q.in_flight < q.credit_bytes)
+
+    def _local(self, tid: int) -> _Entry:
+        """Wait until this rank has submitted tensor ``tid`` (chosen by rank 0)."""
+        deadline = time.monotonic() + self.timeout
+        with self._cv:
+            while tid not in self._submitted:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self._stopping and self._closed):
+                    name = self._names.get(tid)
+                    what = f"tensor {name!r}" if name else f"a tensor (id {tid:#x}) this rank never used"
+                    mine = sorted(e.name for e in self._submitted.values())[:5]
+                    raise PushPullError(f"rank 0 reduces {what} but rank {self.rank} did not submit it within "
+                                        f"{self.timeout:.0f}s; rank {self.rank} is waiting on {mine}: do all ranks "
+                                        f"reduce the same tensors?")
+                self._cv.wait(min(left, 0.5))
+            return self._submitted[tid]
+
+    def _issue(self, items: list) -> None:
+        """Every rank: issue the batch's all-reduces in rank 0's order."""
+        entries = [self._local(tid) for tid, _, _, _ in items]
+        new = []
+        for e in entries:
+            if e.id not in self._checked and e not in new:
+                new.append(e)
+        bad: set[int] = set()
+        if new:  # first use: every rank compares size and dtype, so a mismatch fails everywhere
+            v = torch.tensor([[e.numel, _DTYPE_CODE[e.flat.dtype]] for e in new], dtype=torch.int64)
+            both = torch.cat([v, -v], dim=1)
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.ctrl_group)
+            for e, (hi_n, hi_t, lo_n, lo_t) in zip(new, both.tolist()):
+                self._checked.add(e.id)
+                if hi_n != -lo_n or hi_t != -lo_t:
+                    bad.add(e.id)
+                    self._fail_entry(e, f"tensor {e.name!r}: ranks disagree on its size or dtype (numel from "
+                                        f"{-lo_n} to {hi_n}; this rank has {e.numel} {e.flat.dtype}); all-reduce "
+                                        f"needs the same shape on every rank")
+        self.stats["batches"] += 1
+        for (tid, off, n, total), e in zip(items, entries):
+            nbytes = n * e.itemsize
+            if tid in bad:
+                self._issued.put((None, e, n, nbytes))
+                continue
+            if total != e.numel:  # changed after the first-use check: keep the collective sequence aligned
+                view = torch.zeros(n, dtype=e.flat.dtype, device=e.flat.device)
+                self._fail_entry(e, f"tensor {e.name!r}: rank 0 has {total} elements, rank {self.rank} "
+                                    f"{e.numel}; all-reduce needs the same shape on every rank")
+            else:
+                view = e.flat[off:off + n]
+            work = dist.all_reduce(view, group=self.data_group, async_op=True)
+            self.stats["collectives"] += 1
+            self.stats["bytes"] += nbytes
+            with self._cv:
+                e.issued += n
+                if e.issued >= e.numel:
+                    self._submitted.pop(tid, None)
+            self._issued.put((work, e, n, nbytes))
+
+    # ------------------------------------------------------------ completer --
+    def _complete_loop(self) -> None:
+        while True:
+            rec = self._issued.get()
+            if rec is None:
+                return
+            work, e, n, nbytes = rec
+            err = None
+            if work is not None:
+                try:
+                    work.wait(datetime.timedelta(seconds=self.timeout))
+                    if e.flat.is_cuda:
+                        torch.cuda.current_stream(e.flat.device).synchronize()
+                except Exception as ex:
+                    err = f"all-reduce of tensor {e.name!r} failed: {ex}"
+            with self._cv:
+                if self.rank == 0:
+                    self._queue.release(nbytes)
+                    self._cv.notify_all()
+                e.done += n
+                last = e.done >= e.numel
+            if err:
+                self._fail_entry(e, err)
+                self._fail_all(err)
+            elif last and not e.handle.done():
+                self._finish(e)
+
+    def _finish(self, e: _Entry) -> None:
+        try:
+            if e.average and self.size > 1:
+                if e.flat.dtype.is_floating_point:
+                    e.flat.div_(self.size)
+                else:
+                    e.flat.copy_(torch.div(e.flat, self.size, rounding_mode="trunc"))
+            if e.user is not None:
+                e.user.copy_(e.flat.view_as(e.user))
+        except Exception as ex:
+            self._fail_entry(e, f"tensor {e.name!r}: writing the result failed: {ex!r}")
+            return
+        with self._cv:
+            self._busy.discard(e.name)
+        e.handle.complete()
+
+    def _fail_entry(self, e: _Entry, error: str) -> None:
+        with self._cv:
+            self._busy.discard(e.name)
+        e.handle.fail(error)
+
+    def _fail_all(self, error: str) -> None:
+        log.error("all-reduce backend failed: %s", error)
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            pending = list(self._submitted.values())
+            self._submitted.clear()
+            self._cv.notify_all()
+        for e in pending:
+            self._fail_entry(e, f"all-reduce of tensor {e.name!r}: {error}")
+
+
+_reducer: AllReducer | None = None
+_lock = threading.Lock()
+
+
+def get_reducer() -> AllReducer:
+    """The process's reducer; the first call joins the process group (all ranks must call it)."""
+    global _reducer
+    with _lock:
+        if _reducer is None:
+            _reducer = _create()
+            atexit.register(shutdown)
+        return _reducer
+
+
+def _create() -> AllReducer:
+    from pushpull.torch import ops
+
+    cfg = ops.config()
+    rank, size = ops.rank(), ops.size()
+    timeout = datetime.timedelta(seconds=cfg.timeout)
+    if size == 1 and not dist.is_initialized():
+        return AllReducer(0, 1, cfg.timeout)
+    own = False
+    if not dist.is_initialized():
+        port = cfg.allreduce_port or cfg.root_port + 2
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        try:
+            dist.init_process_group(backend, init_method=f"tcp://{cfg.root_uri}:{port}", rank=rank,
+                                    world_size=size, timeout=timeout)
+        except Exception as ex:
+            raise PushPullError(f"all-reduce backend: joining the {backend} process group at "
+                                f"{cfg.root_uri}:{port} as rank {rank}/{size} failed: {ex} (rank 0 must run on "
+                                f"DMLC_PS_ROOT_URI; set PUSHPULL_ALLREDUCE_PORT if the port is taken)") from ex
+        own = True
+    elif (dist.get_rank(), dist.get_world_size()) != (rank, size):
+        raise PushPullError(f"all-reduce backend: torch.distributed is initialised as rank "
+                            f"{dist.get_rank()}/{dist.get_world_size()} but pushpull is rank {rank}/{size}")
+    ctrl = dist.new_group(backend="gloo", timeout=timeout)
+    log.info("all-reduce backend: rank %d/%d, %s", rank, size, dist.get_backend())
+    return AllReducer(rank, size, cfg.timeout, None, ctrl, own)
+
+
+def shutdown() -> None:
+    """Close the reducer (also registered with atexit)."""
+    global _reducer
+    with _lock:
+        r, _reducer = _reducer, None
+    if r is not None:
+        r.close()

@@ -1,0 +1,97 @@
+"""MG-WFBP (Shi et al.): merge consecutive gradients when that finishes the
+communication sooner than sending them one by one. The decision is the
+simulator's pure function :func:`pushpull.sim.strategies.mgwfbp.mgwfbp_merge`
+(FACTS §2 rule: walk from output to input, merge when the next gradient is
+ready before the current message would finish and the extra wait is under
+alpha or the network is busy anyway; tensors under 8192 elements always
+merge), fed with:
+
+* the backward-time profile: gradient-ready times measured during the
+  warm-up steps, rank 0's copy agreed by all (:mod:`.planned`);
+* the alpha-beta model of this backend: options ``alpha`` (s) and ``beta``
+  (s/byte), else PUSHPULL_MGWFBP_ALPHA/BETA, else fitted by least squares to
+  a few timed reductions of 4 KiB to 2 MiB at the end of the warm-up.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from pushpull.sim.strategies.mgwfbp import SMALL_ELEMENTS, mgwfbp_merge
+from pushpull.torch import ops
+from pushpull.torch.strategies.planned import PlannedStrategy
+
+PROBE_BYTES = (4096, 65536, 524288, 2097152)
+
+
+def mgwfbp_groups(ready_s: list[float], sizes: list[int], alpha: float, beta: float,
+                  small_bytes: int = SMALL_ELEMENTS * 4) -> list[list[int]]:
+    """MG-WFBP buffers for tensors given in ready order (output side first).
+
+    Adapts the ready-time view to :func:`mgwfbp_merge`'s per-layer backward
+    times in forward order: tensor ``i`` of ``L`` is layer ``L-1-i`` and its
+    backward time is the gap since the previous tensor became ready.
+    Returns groups of ready-order indices in launch order.
+    """
+    L = len(ready_s)
+    if L != len(sizes):
+        raise ValueError(f"mgwfbp_groups: {L} ready times but {len(sizes)} sizes")
+    bwd = [0.0] * L
+    for i in range(L):
+        bwd[L - 1 - i] = max(0.0, ready_s[i] - (ready_s[i - 1] if i else ready_s[0]))
+    fwd_sizes = [float(sizes[L - 1 - f]) for f in range(L)]
+    groups = mgwfbp_merge(bwd, fwd_sizes, alpha, beta, small_bytes=small_bytes)
+    return [[L - 1 - f for f in g] for g in groups]
+
+
+def fit_alpha_beta(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares line t = alpha + beta * bytes through (bytes, seconds), clamped to >= 0."""
+    n = len(samples)
+    if n < 2:
+        raise ValueError("fit_alpha_beta needs at least two samples")
+    mx = sum(b for b, _ in samples) / n
+    my = sum(t for _, t in samples) / n
+    sxx = sum((b - mx) ** 2 for b, _ in samples)
+    beta = sum((b - mx) * (t - my) for b, t in samples) / sxx if sxx > 0 else 0.0
+    beta = max(beta, 0.0)
+    alpha = max(my - beta * mx, 0.0)
+    return alpha, beta
+
+
+class MGWFBP(PlannedStrategy):
+    name = "mgwfbp"
+
+    def __init__(self, compression=None, alpha: float | None = None, beta: float | None = None, **options):
+        cfg = ops.config()
+        self.alpha = alpha if alpha is not None else cfg.mgwfbp_alpha
+        self.beta = beta if beta is not None else cfg.mgwfbp_beta
+        super().__init__(compression, **options)
+
+    def measure_alpha_beta(self, reps: int = 3) -> tuple[float, float]:
+        """Time a few reductions of different sizes (a collective: every worker runs it)."""
+        samples = []
+        for nbytes in PROBE_BYTES:
+            t = torch.zeros(nbytes // 4, dtype=torch.float32)
+            name = f"mgwfbp.probe.{nbytes}"
+            self.comm.wait(self.comm.submit(t, name, 0))  # first use sets up keys: not timed
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                self.comm.wait(self.comm.submit(t, name, 0))
+                times.append(time.perf_counter() - t0)
+            samples.append((nbytes, statistics.median(times)))
+        return fit_alpha_beta(samples)
+
+    def agreed_extra(self) -> list[float]:
+        if self.alpha is None or self.beta is None:
+            a, b = self.measure_alpha_beta()
+            return [a if self.alpha is None else self.alpha, b if self.beta is None else self.beta]
+        return [self.alpha, self.beta]
+
+    def use_extra(self, values: list[float]) -> None:
+        self.alpha, self.beta = values
+
+    def make_plan(self, names, ready_s, sizes):
+        return mgwfbp_groups(ready_s, sizes, self.alpha, self.beta)
