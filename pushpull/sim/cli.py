@@ -184,8 +184,9 @@ def _run_point(profile: Profile, cluster: ClusterConfig, strategies: list[Strate
             for s in strategies]
 
 
-def _table(results: list[SimResult], title: str) -> str:
-    base = next((r for r in results if r.strategy == "wfbp"), None)
+def _table(results: list[SimResult], title: str, base: SimResult | None = None) -> str:
+    """Strategies side by side; speedups are over WFBP (simulated apart if not listed)."""
+    base = next((r for r in results if r.strategy == "wfbp"), base)
     w = max([len(r.strategy) for r in results] + [8])
     lines = [title,
              f"  {'strategy':<{w}}  {'iter ms':>10}  {'samples/s':>11}  {'exposed ms':>10}  {'overlap':>7}  "
@@ -194,6 +195,10 @@ def _table(results: list[SimResult], title: str) -> str:
         sp = f"{base.iteration_s / r.iteration_s:6.2f}x" if base and r.iteration_s > 0 else "      -"
         lines.append(f"  {r.strategy:<{w}}  {r.iteration_s * 1e3:10.2f}  {r.throughput:11.1f}  "
                      f"{r.exposed_comm_s * 1e3:10.2f}  {r.overlap * 100:6.0f}%  {sp:>7}")
+    if base and any(r.strategy.startswith("bytescheduler") and r.iteration_s > 1.1 * base.iteration_s
+                    for r in results):
+        lines.append("  note: bytescheduler is slower than wfbp here; its partition size and credit need "
+                     "tuning for this cluster (try `pushpull plan`)")
     return "\n".join(lines)
 
 
@@ -257,7 +262,10 @@ def _sim(a) -> int:
             title = _describe(profile, cluster, s)
             if key == "ratio":
                 title += f"  [compute/comm = {v:g}]"
-            print(_table(res, title))
+            base = None
+            if not any(r.strategy == "wfbp" for r in res):
+                base = simulate(profile, cluster, "wfbp", compute_scale=s, layerwise_update=layerwise, trace=False)
+            print(_table(res, title, base))
             print()
     if a.plot:
         _plot(points, key, Path(a.plot), profile)
@@ -356,6 +364,11 @@ def _plan(a) -> int:
             f"{format_bytes(s.credit_bytes)} ({s.credit_bytes / s.partition_bytes:g} partitions)")
         print(f"  partition size: {format_bytes(s.partition_bytes)} ({s.partition_bytes} bytes)")
         print(f"  credit:         {credit}")
+    else:
+        bs, bs_res = next((st, r) for st, r in best.results if isinstance(st, ByteScheduler))
+        credit = "inf" if math.isinf(bs.credit_bytes) else format_bytes(bs.credit_bytes)
+        print(f"  (best bytescheduler setting: partition {format_bytes(bs.partition_bytes)}, credit {credit}: "
+              f"{best.wfbp.iteration_s / bs_res.iteration_s:.2f}x over wfbp)")
     print(f"  predicted iteration {best.best.iteration_s * 1e3:.2f} ms, {best.best.throughput:.1f} samples/s; "
           f"gain over wfbp {best.gain:.2f}x")
     print(f"  why: {best.reason}")

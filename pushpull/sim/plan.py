@@ -115,7 +115,9 @@ def explain(p: Plan, profile: Profile) -> str:
             head = f"balanced: comm/compute = {ratio:.2g}, but wfbp's order already overlaps well (gain < 3 %)"
         return "; ".join([head] + notes)
     if name == "bytescheduler":
-        head = (f"communication-bound: comm/compute = {ratio:.2g}; partitioning lets late layers overlap "
+        kind = ("communication-bound" if ratio >= 1.2 else
+                "communication comparable to compute" if ratio >= 0.5 else "mostly compute-bound")
+        head = (f"{kind}: comm/compute = {ratio:.2g}; partitioning lets late layers overlap "
                 f"the next forward and priority sends the input layers first")
     elif name in ("mgwfbp", "fusion"):
         sizes = [t.nbytes for t in profile.tensors() if t.nbytes > 0]

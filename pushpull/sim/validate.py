@@ -57,7 +57,7 @@ def validate(measured_rows, profiles: dict[str, Profile] | None = None, latency:
     ``strategy``, ``backend``, ``workers``, ``servers``, ``bandwidth``
     (``10gbit`` or bytes/s), ``compute_scale`` and ``measured_step_s``;
     optional ``latency``, ``partition_bytes``, ``credit_bytes``,
-    ``colocated``, ``local_size``, ``batch_size``-free. ``profiles`` maps
+    ``colocated``, ``local_size``. ``profiles`` maps
     model names to Profile objects to use instead of loading them.
     ``error`` is (predicted - measured) / measured.
     """
@@ -83,8 +83,10 @@ def validate(measured_rows, profiles: dict[str, Profile] | None = None, latency:
         if isinstance(strat, ByteScheduler):
             if row.get("partition_bytes"):
                 strat.partition_bytes = parse_bytes(row["partition_bytes"], f"measured_rows[{i}].partition_bytes")
-            if row.get("credit_bytes"):
-                strat.credit_bytes = parse_bytes(row["credit_bytes"], f"measured_rows[{i}].credit_bytes")
+            c = row.get("credit_bytes")
+            if c:
+                strat.credit_bytes = (math.inf if str(c).lower() in ("inf", "none")
+                                      else parse_bytes(c, f"measured_rows[{i}].credit_bytes"))
         scale = float(row.get("compute_scale", 1.0))
         measured = float(row["measured_step_s"])
         if not measured > 0:
