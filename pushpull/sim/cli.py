@@ -171,7 +171,7 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--credit-bytes", help="bytescheduler credit, or inf (default 16000000 PS, 64000000 all-reduce)")
     p.add_argument("--fusion-threshold", help="fusion buffer size (default 64MiB)")
     p.add_argument("--cycle", help="fusion cycle time (default 1ms)")
-    p.add_argument("--sweep", help="KEY=V1,V2,...: bandwidth=1gbit,10gbit | ratio=0.25,0.5,1,2 | workers=.. | servers=..")
+    p.add_argument("--sweep", help="KEY=V1,V2,...: bandwidth=1gbit,10gbit | ratio=0.25,0.5,1,2 (compute/comm) | workers=.. | servers=.. | compute_scale=..")
     p.add_argument("--plot", help="write a plot (PNG) of the sweep, or of the strategies")
     p.add_argument("--trace", help="write a Chrome trace of the (first) point; one file per strategy if several")
     p.add_argument("--json", action="store_true", help="print results as JSON")
