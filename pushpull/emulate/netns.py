@@ -421,20 +421,23 @@ class EmulatedCluster:
             if not self._active:
                 return
             self._active = False
-        for p in self._procs:
-            _terminate(p)
-        self._procs.clear()
-        for name in reversed(self._created):
-            _kill_netns_pids(name)
-            cp = _ip("netns", "del", name, check=False)
-            if cp.returncode != 0 and name in {l.split()[0] for l in _ip("netns", "list", check=False).stdout.splitlines() if l.strip()}:
-                log.warning("could not delete namespace %s: %s", name, cp.stderr.strip())
-        self._created.clear()
-        self._restore_signal_handlers()
+        self._ignore_signals()  # a second Ctrl-C must not cut the cleanup short
         try:
-            atexit.unregister(self.close)
-        except Exception:  # pragma: no cover
-            pass
+            for p in self._procs:
+                _terminate(p)
+            self._procs.clear()
+            for name in reversed(self._created):
+                _kill_netns_pids(name)
+                cp = _ip("netns", "del", name, check=False)
+                if cp.returncode != 0 and name in list_namespaces():
+                    log.warning("could not delete namespace %s: %s", name, cp.stderr.strip())
+            self._created.clear()
+        finally:
+            self._restore_signal_handlers()
+            try:
+                atexit.unregister(self.close)
+            except Exception:  # pragma: no cover
+                pass
 
     # signals: turn SIGTERM into SystemExit so `with` blocks unwind and clean up
     def _install_signal_handlers(self) -> None:
@@ -450,6 +453,15 @@ class EmulatedCluster:
         for sig, h in ((signal.SIGTERM, on_term), (signal.SIGINT, on_int)):
             try:
                 self._old_handlers[sig] = signal.signal(sig, h)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+
+    def _ignore_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self._old_handlers:
+            try:
+                signal.signal(sig, signal.SIG_IGN)
             except (ValueError, OSError):  # pragma: no cover
                 pass
 
