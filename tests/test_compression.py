@@ -344,6 +344,10 @@ def test_dithering_seeded_and_zero_input():
     for partition in ("linear", "natural"):
         z = decode_payload(Dithering(3, partition=partition).compress(torch.zeros(77)))
         assert torch.equal(z, torch.zeros(77))
+        bad = torch.randn(77)
+        bad[3] = float("inf")  # a blown-up step must not arrive as a finite update
+        assert decode_payload(Dithering(3, partition=partition, normalize="l2").compress(bad)).isnan().all()
+    assert not torch.isfinite(decode_payload(OneBit().compress(bad))).any()
 
 
 def test_dithering_rejects_bad_arguments():

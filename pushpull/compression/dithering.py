@@ -41,7 +41,8 @@ def byte_table(s: int, natural: bool, scale: float) -> np.ndarray:
     """(256, 8 // bits) float32 table: the values packed in each possible byte."""
     bits = code_bits(s)
     per = 8 // bits
-    values = level_values(s, natural) * scale
+    with np.errstate(invalid="ignore"):  # 0 * inf: a non-finite scale decodes to NaN
+        values = level_values(s, natural) * scale
     values = np.concatenate([values, np.zeros((1 << bits) - values.size)])  # unused codes
     byte = np.arange(256)[:, None]
     codes = (byte >> (bits * np.arange(per))[None, :]) & ((1 << bits) - 1)
@@ -95,24 +96,20 @@ class Dithering(Compressor):
     def compress(self, tensor: torch.Tensor) -> Payload:
         x = flat_input(tensor)
         n = x.numel()
-        if n == 0:
-            scale = 0.0
-        elif self.normalize == "max":
-            lo, hi = torch.aminmax(x)
-            scale = max(-lo.item(), hi.item())
-        else:
-            scale = torch.linalg.vector_norm(x, dtype=torch.float32).item()
+        xs = x.numpy()
+        scale = self._scale(xs)
         natural = self.partition == "natural"
         flags = (_FLAG_NATURAL if natural else 0) | (_FLAG_L2 if self.normalize == "l2" else 0)
         payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, scale=scale, param=self.s, flags=flags)
         packed = payload.sections[0].numpy()
         per = 8 // self._bits
         if not (scale > 0 and math.isfinite(scale)):
-            # All zeros (or non-finite input): every element gets the zero code s.
+            # All zeros: every element gets the zero code s. With inf/NaN in
+            # the input the header's scale makes every decoded value NaN, so
+            # the receiver sees the bad step as it would uncompressed.
             zero_byte = sum(self.s << (self._bits * j) for j in range(per))
             packed[:] = zero_byte
             return payload
-        xs = x.numpy()
         kernel = self._natural_codes if natural else self._linear_codes
         for start in range(0, n, CHUNK):
             chunk = xs[start:start + CHUNK]
@@ -123,6 +120,23 @@ class Dithering(Compressor):
             self._codes[m:padded] = self.s  # tail of the last chunk: zero codes
             self._pack(self._codes[:padded], packed[start // per: start // per + padded // per])
         return payload
+
+    def _scale(self, xs: np.ndarray) -> float:
+        """max|x| or ||x||_2, chunked; partial sums are added in double."""
+        f = self._f
+        parts = [0.0]
+        for start in range(0, xs.size, CHUNK):
+            chunk = xs[start:start + CHUNK]
+            tmp = f[: chunk.size]
+            if self.normalize == "max":
+                np.abs(chunk, out=tmp)
+                parts.append(float(tmp.max()))
+            else:
+                np.square(chunk, out=tmp)
+                parts.append(float(tmp.sum()))
+        if self.normalize == "max":
+            return float(np.max(parts))  # np.max keeps a NaN; Python's max may drop it
+        return math.sqrt(math.fsum(parts))
 
     def _uniform16(self, m: int) -> np.ndarray:
         """m uniform 16-bit integers: a quarter of a 64-bit draw each, the

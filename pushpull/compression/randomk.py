@@ -45,8 +45,13 @@ class RandomK(Compressor):
         index_section, value_section = payload.sections
         idx_np = index_section.numpy()
         idx_np[:] = self._rng.integers(0, n, size=k, dtype=idx_np.dtype)
-        torch.index_select(source, 0, index_section, out=value_section)
-        value_section.mul_(n / k)
+        if source.dtype in (torch.float32, torch.float64):
+            values = value_section.numpy()
+            np.take(source.numpy(), idx_np, out=values)
+            np.multiply(values, n / k, out=values)
+        else:  # half types: NumPy has no bf16
+            torch.index_select(source, 0, index_section, out=value_section)
+            value_section.mul_(n / k)
         return payload
 
     @staticmethod
