@@ -189,7 +189,8 @@ def test_resolve_k():
     assert resolve_k(0.5, 0) == 0
 
 
-@pytest.mark.parametrize("n,k", [(100, 7), (1000, 0.01), (1 << 18, 0.01), (1 << 18, 0.001), (1 << 18, 3), (1 << 17, 0.3)])
+@pytest.mark.parametrize("n,k", [(100, 7), (1000, 0.01), (1 << 18, 0.01), (1 << 18, 0.001), (1 << 18, 3),
+                                 (1 << 17, 0.3)])
 def test_topk_keeps_exactly_the_k_largest(n, k):
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=gen)

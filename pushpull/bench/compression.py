@@ -101,7 +101,8 @@ def format_size(numel: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pushpull bench compression", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="4M,64M", help="comma-separated fp32 element counts (K/M suffixes), default 4M,64M")
+    p.add_argument("--sizes", default="4M,64M",
+                   help="comma-separated fp32 element counts (K/M suffixes), default 4M,64M")
     p.add_argument("--repeat", type=int, default=5, help="timed runs per measurement; the best is kept")
     p.add_argument("--compressors", default=",".join(DEFAULT_CODECS),
                    help=f"comma-separated subset of {','.join(DEFAULT_CODECS)}")
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     codecs = {n: DEFAULT_CODECS[n] for n in names}
 
     header = f"{'size':>6} {'compressor':<18} {'GB/s':>7} {'of copy':>8} {'comp GB/s':>10} {'dec GB/s':>9} {'ratio':>7}"
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
+    machine = platform.processor() or platform.machine()
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {machine}; "
           f"best of {args.repeat}; GB/s of fp32 input for compress+decompress")
     all_rows, copies = [], {}
     for numel in sizes:

@@ -250,6 +250,12 @@ def check_k(k, who: str) -> float:
     return float(k)
 
 
+def make_rng(seed: int | None) -> np.random.Generator:
+    """PCG64: seeded and reproducible, and several times faster than torch's
+    CPU Mersenne Twister for bulk draws. ``None`` seeds from the OS."""
+    return np.random.Generator(np.random.PCG64(seed))
+
+
 def flat_input(tensor: torch.Tensor, compute_dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
     """Contiguous 1-D view of a float tensor, cast to ``compute_dtype`` if needed."""
     if not isinstance(tensor, torch.Tensor):

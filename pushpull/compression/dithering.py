@@ -7,8 +7,7 @@ import math
 import numpy as np
 import torch
 
-from .base import CHUNK, Compressor, Payload, decode_into, flat_input, lut_decode, output_for, register_codec
-from .randomk import make_rng
+from .base import CHUNK, Compressor, Payload, decode_into, flat_input, lut_decode, make_rng, output_for, register_codec
 
 PARTITIONS = ("linear", "natural")
 NORMALIZATIONS = ("max", "l2")
@@ -68,7 +67,8 @@ class Dithering(Compressor):
 
     def __init__(self, k: int = 2, partition: str = "linear", normalize: str = "max", seed: int | None = None):
         if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k) or not 1 <= k <= MAX_LEVELS:
-            raise ValueError(f"dithering: k (the number of levels s) must be a whole number in [1, {MAX_LEVELS}], got {k!r}")
+            raise ValueError(f"dithering: k (the number of levels s) must be a whole number in [1, {MAX_LEVELS}], "
+                             f"got {k!r}")
         if partition not in PARTITIONS:
             raise ValueError(f"dithering: partition must be one of {PARTITIONS}, got {partition!r}")
         if normalize not in NORMALIZATIONS:

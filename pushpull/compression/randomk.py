@@ -5,14 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Compressor, Payload, check_k, flat_input, register_codec, resolve_k
-from .sparse import index_dtype, scatter_decode, sparse_layout
-
-
-def make_rng(seed: int | None) -> np.random.Generator:
-    """PCG64: seeded and reproducible, and several times faster than torch's
-    CPU Mersenne Twister for bulk draws. ``None`` seeds from the OS."""
-    return np.random.Generator(np.random.PCG64(seed))
+from .base import Compressor, Payload, check_k, flat_input, make_rng, register_codec, resolve_k
+from .sparse import scatter_decode, sparse_layout
 
 
 @register_codec

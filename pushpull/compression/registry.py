@@ -104,10 +104,9 @@ def normalize_spec(spec: Mapping | str | None) -> dict:
     mcb = out["min_compress_bytes"]
     if isinstance(mcb, bool) or not isinstance(mcb, int) or mcb < 0:
         raise ValueError(f"compression spec: min_compress_bytes must be a non-negative integer, got {mcb!r}")
-    if out["partition"] not in PARTITIONS:
-        raise ValueError(f"compression spec: partition={out['partition']!r} is not valid; choose from {list(PARTITIONS)}")
-    if out["normalize"] not in NORMALIZATIONS:
-        raise ValueError(f"compression spec: normalize={out['normalize']!r} is not valid; choose from {list(NORMALIZATIONS)}")
+    for key, valid in (("partition", PARTITIONS), ("normalize", NORMALIZATIONS)):
+        if out[key] not in valid:
+            raise ValueError(f"compression spec: {key}={out[key]!r} is not valid; choose from {list(valid)}")
 
     k = out["k"]
     if name in ("topk", "randomk"):
@@ -119,7 +118,8 @@ def normalize_spec(spec: Mapping | str | None) -> dict:
             out["k"] = k = _DITHERING_DEFAULT_LEVELS
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k != int(k) \
                 or not 1 <= k <= MAX_LEVELS:
-            raise ValueError(f"compression spec: dithering k (levels s) must be a whole number in [1, {MAX_LEVELS}], got {k!r}")
+            raise ValueError("compression spec: dithering k (levels s) must be a whole number "
+                             f"in [1, {MAX_LEVELS}], got {k!r}")
         out["k"] = int(k)
     return out
 
