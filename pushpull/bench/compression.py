@@ -50,45 +50,52 @@ def parse_size(text: str) -> int:
     return value
 
 
-def best_time(fn, repeat: int) -> float:
-    fn()  # warm-up: first-touch page faults, lazy buffers
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def measure(numel: int, codecs: dict[str, dict], repeat: int) -> tuple[float, list[dict]]:
+    """Best-of-``repeat`` times, taken in interleaved rounds (copy, then every
+    codec, then again) so that load from other processes hits all alike."""
     gen = torch.Generator().manual_seed(0)
     src = torch.randn(numel, generator=gen)
     dst = torch.empty_like(src)
     nbytes = numel * src.element_size()
-    copy_s = best_time(lambda: dst.copy_(src), repeat)
+    built = {label: build(spec) for label, spec in codecs.items()}
+    payloads = {label: codec.compress(src) for label, codec in built.items()}  # warm-up
+    for label, codec in built.items():
+        codec.decompress(payloads[label], out=dst)
+    dst.copy_(src)
+    best = {"copy": float("inf")}
+    for label in built:
+        best.update({(label, "compress"): float("inf"), (label, "decompress"): float("inf"),
+                     (label, "both"): float("inf")})
+    for _ in range(repeat):
+        best["copy"] = min(best["copy"], timed(lambda: dst.copy_(src)))
+        for label, codec in built.items():
+            payload = payloads[label]
+            for what, fn in (("compress", lambda: codec.compress(src)),
+                             ("decompress", lambda: codec.decompress(payload, out=dst)),
+                             ("both", lambda: codec.decompress(codec.compress(src), out=dst))):
+                best[label, what] = min(best[label, what], timed(fn))
+    copy_gbps = nbytes / best["copy"] / 1e9
     rows = []
     for label, spec in codecs.items():
-        codec = build(spec)
-        payload = codec.compress(src)
-        comp_s = best_time(lambda: codec.compress(src), repeat)
-        dec_s = best_time(lambda: codec.decompress(payload, out=dst), repeat)
-        both_s = best_time(lambda: codec.decompress(codec.compress(src), out=dst), repeat)
+        gbps = nbytes / best[label, "both"] / 1e9
         rows.append({
             "size": numel,
             "compressor": label,
             "spec": spec,
-            "gbps": nbytes / both_s / 1e9,
-            "compress_gbps": nbytes / comp_s / 1e9,
-            "decompress_gbps": nbytes / dec_s / 1e9,
-            "ratio": nbytes / payload.nbytes,
-            "payload_bytes": payload.nbytes,
+            "gbps": gbps,
+            "compress_gbps": nbytes / best[label, "compress"] / 1e9,
+            "decompress_gbps": nbytes / best[label, "decompress"] / 1e9,
+            "copy_gbps": copy_gbps,
+            "fraction_of_copy": gbps / copy_gbps,
+            "ratio": nbytes / payloads[label].nbytes,
+            "payload_bytes": payloads[label].nbytes,
         })
-    # The copy again at the end: take the better of the two as the ceiling.
-    copy_s = min(copy_s, best_time(lambda: dst.copy_(src), repeat))
-    copy_gbps = nbytes / copy_s / 1e9
-    for row in rows:
-        row["copy_gbps"] = copy_gbps
-        row["fraction_of_copy"] = row["gbps"] / copy_gbps
     return copy_gbps, rows
 
 
