@@ -247,7 +247,7 @@ class AllReducer:
         """Rank 0: wait for admissible partitions (or a keep-alive tick) and admit them."""
         with self._cv:
             deadline = time.monotonic() + self.keepalive_s
-            while not self._admissible() and not (self._stopping and not self._submitted):
+            while not self._admissible() and not (self._stopping and len(self._queue) == 0):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -255,7 +255,7 @@ class AllReducer:
             batch: list = []
             self._queue.admit(lambda item, nb: batch.append(item))
             self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self._queue.max_in_flight)
-            return batch, self._stopping and not batch and not self._submitted
+            return batch, self._stopping and not batch and len(self._queue) == 0
 
     def _admissible(self) -> bool:
         q = self._queue
@@ -300,6 +300,8 @@ class AllReducer:
         for (tid, off, n, total), e in zip(items, entries):
             nbytes = n * e.itemsize
             if tid in bad:
+                with self._cv:
+                    self._submitted.pop(tid, None)
                 self._issued.put((None, e, n, nbytes))
                 continue
             if total != e.numel:  # changed after the first-use check: keep the collective sequence aligned

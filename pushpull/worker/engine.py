@@ -50,6 +50,7 @@ class Partition:
     server: int = 0
     inited: bool = False
     codec: object = None  # worker-side compression chain, or None
+    held: int = 0         # credit bytes held by the push in flight (returned at PUSH_ACK)
 
 
 @dataclass
@@ -296,6 +297,7 @@ class Engine:
         if self.tracer is not None:
             self.tracer.admitted(op, p)
         self.ops[p.key] = op
+        p.held = nbytes
         view = op.inp[p.offset:p.offset + p.nbytes]
         itemsize = torch.empty((), dtype=e.dtype).element_size()
         flags = 0
@@ -330,6 +332,14 @@ class Engine:
         elif t == MsgType.PUSH_ACK:
             if self.tracer is not None:
                 self.tracer.push_acked(h.key, h.round)
+            # credit covers the push only (as BytePS): holding it until the pull, which waits for
+            # the other workers, deadlocks when workers admit partitions in different orders
+            op = self.ops.get(h.key)
+            ep = self.parts_by_key.get(h.key)
+            if op is not None and ep is not None and op.round == h.round and ep[1].held:
+                self.queue.release(ep[1].held)
+                ep[1].held = 0
+                self.queue.admit(self._send_partition)
         elif t == MsgType.PULL_RESP:
             op = self.ops.get(h.key)
             ep = self.parts_by_key.get(h.key)
@@ -354,7 +364,9 @@ class Engine:
             if self.tracer is not None:
                 self.tracer.partition_done(op, p)
             del self.ops[h.key]
-            self.queue.release(p.nbytes)
+            if p.held:
+                self.queue.release(p.held)
+                p.held = 0
             op.remaining -= 1
             if op.remaining == 0:
                 self._finish(op, None)
@@ -394,7 +406,9 @@ class Engine:
         for p in e.parts:
             if self.ops.get(p.key) is op:
                 del self.ops[p.key]
-                self.queue.release(p.nbytes)
+                if p.held:
+                    self.queue.release(p.held)
+                    p.held = 0
         if error is None:
             try:
                 if op.average and self.size > 1:
