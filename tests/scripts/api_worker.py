@@ -519,6 +519,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("cases", nargs="+", choices=list(CASES) + ["all"])
     args = p.parse_args()
+    torch.set_num_threads(1)  # several workers share this machine's cores
     bps.init()
     cases = list(CASES) if "all" in args.cases else args.cases
     for c in cases:

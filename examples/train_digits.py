@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Data-parallel training on real data with pushpull: scikit-learn's bundled
+handwritten digits (1797 8x8 images, no download), a small CNN, SGD with
+momentum wrapped in pushpull's DistributedOptimizer.
+
+    python examples/train_digits.py                       # one process
+    pushpull launch --workers 2 --servers 1 -- python examples/train_digits.py --min-accuracy 0.95
+
+Each worker trains on its own shard of the training split (re-shuffled every
+epoch with the same seed on every worker, so the shards never overlap); the
+held-out split is fixed by ``--seed``. Rank 0 shows the progress bar; every
+rank prints the same per-epoch line (the numbers are reduced over workers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import pushpull.torch as bps
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--lr", type=float, default=0.05,
+                   help="learning rate for one worker; multiplied by the number of workers (linear scaling)")
+    p.add_argument("--sgd-momentum", type=float, default=0.9)
+    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test-fraction", type=float, default=0.2)
+    p.add_argument("--strategy", default=None,
+                   help="communication strategy (default: PUSHPULL_STRATEGY, 'wfbp')")
+    p.add_argument("--compression", default="none",
+                   help="gradient compressor: none, fp16, onebit, topk, randomk, dithering")
+    p.add_argument("--ef", default=None, help="error feedback: none | vanilla")
+    p.add_argument("--momentum", default=None, help="compression momentum: none | nesterov")
+    p.add_argument("--mu", type=float, default=None, help="momentum factor for --momentum nesterov")
+    p.add_argument("--k", type=float, default=None, help="topk/randomk: count (>=1) or fraction; dithering: levels")
+    p.add_argument("--min-accuracy", type=float, default=None,
+                   help="exit with status 1 if the final test accuracy is below this")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads per worker (default: OMP_NUM_THREADS, else 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def load_data(seed: int, test_fraction: float):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(y, dtype=torch.int64)
+    tr, te = train_test_split(range(len(y)), test_size=test_fraction, random_state=seed, stratify=y.numpy())
+    return x[tr], y[tr], x[te], y[te]
+
+
+def build_model(kind: str) -> nn.Module:
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 32 x 4 x 4
+        nn.Flatten(), nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def shard(n: int, epoch: int, seed: int, rank: int, size: int) -> torch.Tensor:
+    """This worker's indices for one epoch, like torch's DistributedSampler: one shuffle
+    shared by all workers, padded by wrapping so every worker takes the same number of steps."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+    total = math.ceil(n / size) * size
+    perm = torch.cat([perm, perm[: total - n]])
+    return perm[rank::size]
+
+
+def compression_from(args):
+    if args.compression in (None, "", "none"):
+        return bps.Compression.none
+    opts = {k: v for k, v in (("ef", args.ef), ("momentum", args.momentum), ("mu", args.mu), ("k", args.k))
+            if v is not None}
+    if "k" in opts and float(opts["k"]).is_integer() and opts["k"] >= 1:
+        opts["k"] = int(opts["k"])
+    return bps.Compression.build(args.compression, **opts)
+
+
+class _Lines:
+    """tqdm target for logs and the launcher's line-prefixed output: one line per refresh."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        s = s.replace("\r", "").strip("\n")
+        if s.strip():
+            self.stream.write(s + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def reduce_sum(values: list[float], name: str) -> list[float]:
+    return bps.push_pull(torch.tensor(values, dtype=torch.float64), average=False, name=name).tolist()
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, size: int) -> tuple[float, float]:
+    """Accuracy and mean loss on the held-out split; each worker scores its slice."""
+    model.eval()
+    with torch.no_grad():
+        xs, ys = x[rank::size], y[rank::size]
+        out = model(xs)
+        stats = [float((out.argmax(1) == ys).sum()), float(len(ys)), float(F.cross_entropy(out, ys, reduction="sum"))]
+    model.train()
+    correct, total, loss = reduce_sum(stats, "digits.eval")
+    return correct / total, loss / total
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    # The model is tiny: one intra-op thread per worker is fastest, and with several
+    # workers on one machine every worker's OpenMP pool spinning on all the cores made
+    # training ~15x slower here (torchrun sets OMP_NUM_THREADS=1 for the same reason).
+    torch.set_num_threads(args.threads or int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.compression not in (None, "", "none") and bps.engine() is None and rank == 0:
+        print("note: one worker, nothing to compress (gradients never leave the process)", flush=True)
+
+    x_train, y_train, x_test, y_test = load_data(args.seed, args.test_fraction)
+    torch.manual_seed(args.seed + rank)  # different on purpose: broadcast_parameters makes them equal
+    model = build_model(args.model)
+    lr = args.lr * size
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.sgd_momentum, weight_decay=1e-4)
+    opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=compression_from(args), strategy=args.strategy, model=model)
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(opt, root_rank=0)
+
+    steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
+    if rank == 0:
+        print(f"digits: {len(y_train)} train / {len(y_test)} test images, {args.model}, {size} worker(s), "
+              f"batch {args.batch_size}/worker, lr {lr:g}, {steps} steps/epoch, compression {args.compression}, "
+              f"strategy {args.strategy or bps.config().strategy}", flush=True)
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+
+        tty = sys.stderr.isatty()
+        bar = tqdm(total=args.epochs * steps, unit="step", dynamic_ncols=tty, ncols=None if tty else 80,
+                   mininterval=0.2 if tty else 2.0, file=sys.stderr if tty else _Lines(sys.stdout))
+
+    def say(text: str) -> None:
+        if bar is not None:
+            bar.write(text)
+        else:
+            print(text, flush=True)
+
+    wall0 = time.perf_counter()
+    train_time, samples, acc = 0.0, 0.0, 0.0
+    for epoch in range(args.epochs):
+        idx = shard(len(y_train), epoch, args.seed, rank, size)
+        t0 = time.perf_counter()
+        loss_sum = 0.0
+        for s in range(steps):
+            b = idx[s * args.batch_size:(s + 1) * args.batch_size]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x_train[b]), y_train[b])
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(b)
+            if bar is not None:
+                bar.update(1)
+        epoch_time = time.perf_counter() - t0
+        total_loss, n, time_sum = reduce_sum([loss_sum, float(len(idx)), epoch_time], "digits.train")
+        train_time += time_sum / size
+        samples += n
+        acc, test_loss = evaluate(model, x_test, y_test, rank, size)
+        if bar is not None:
+            bar.set_postfix(loss=f"{total_loss / n:.3f}", acc=f"{acc:.3f}", refresh=False)
+        if rank == 0:
+            say(f"epoch {epoch + 1}/{args.epochs}: train_loss={total_loss / n:.4f} test_loss={test_loss:.4f} "
+                f"test_accuracy={acc:.4f} throughput={n / (time_sum / size):.0f} samples/s")
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - wall0
+    throughput = samples / train_time if train_time > 0 else 0.0
+    eng = bps.engine()
+    pushed = reduce_sum([float(eng.stats["bytes_pushed"])], "digits.bytes")[0] if eng is not None else 0.0
+    summary = {"test_accuracy": round(acc, 4), "epochs": args.epochs, "throughput": round(throughput, 1),
+               "wall_s": round(wall, 2), "workers": size, "bytes_pushed": int(pushed),
+               "model": args.model, "compression": args.compression,
+               "strategy": args.strategy or bps.config().strategy}
+    bps.shutdown()
+    if rank == 0:
+        print(f"final: test_accuracy={acc:.4f} epochs={args.epochs} throughput={throughput:.0f} samples/s "
+              f"workers={size} wall={wall:.1f}s bytes_pushed={int(pushed)}", flush=True)
+        if args.json:
+            print(json.dumps(summary), flush=True)
+    if args.min_accuracy is not None and acc < args.min_accuracy:
+        print(f"rank {rank}: test accuracy {acc:.4f} is below --min-accuracy {args.min_accuracy}", file=sys.stderr,
+              flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
