@@ -109,7 +109,6 @@ class Engine:
         self._req = 0
         credit = cfg.scheduling_credit * cfg.partition_bytes
         self.queue: CreditQueue = CreditQueue(credit)
-        self.partition_bytes = cfg.partition_bytes  # for tensors first used from now on (set_scheduling)
         self.num_servers = 0
         self.started = False
         self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0}
@@ -141,7 +140,7 @@ class Engine:
         if partition_bytes is not None:
             if partition_bytes < 1:
                 raise ValueError(f"partition_bytes must be >= 1, got {partition_bytes}")
-            self.partition_bytes = int(partition_bytes)
+            self.cfg = self.cfg.replace(partition_bytes=int(partition_bytes))
         if credit_bytes is not None:
             if credit_bytes < 0:
                 raise ValueError(f"credit_bytes must be >= 0, got {credit_bytes}")
@@ -165,7 +164,7 @@ class Engine:
             return e
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-        pbytes = max(itemsize, self.partition_bytes // itemsize * itemsize)
+        pbytes = max(itemsize, self.cfg.partition_bytes // itemsize * itemsize)
         parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
         use_compression = compression if (compression and nbytes >= self.cfg.min_compress_bytes
                                            and dtype.is_floating_point) else None
