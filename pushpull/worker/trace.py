@@ -243,8 +243,7 @@ def install(cfg, rank: int, engine=None) -> Tracer | None:
     tr.engine = engine
     tr._set_on(tr.on)  # publish ``current`` / ``engine.tracer`` for a window that starts at step 0
     tr.flush()  # an (empty) valid file from the start
-    atexit.register(_flush_at_exit)
-    _install_sigterm()
+    _install_exit_hooks()
     log.info("tracing steps %d..%d to %s", cfg.trace_start_step, cfg.trace_end_step, path)
     return tr
 
@@ -267,14 +266,18 @@ def _flush_at_exit() -> None:
         TRACER.flush()
 
 
-_sigterm_installed = False
+_hooks_installed = False
 
 
-def _install_sigterm() -> None:
-    """Flush on SIGTERM (what the launcher sends when a job is torn down), then
-    let the previous handler (or the default: exit) run."""
-    global _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+def _install_exit_hooks() -> None:
+    """Flush at exit and on SIGTERM (what the launcher sends when a job is torn
+    down), then let the previous SIGTERM handler (or the default: exit) run."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_flush_at_exit)
+    if threading.current_thread() is not threading.main_thread():
         return
     prev = signal.getsignal(signal.SIGTERM)
 
@@ -289,7 +292,6 @@ def _install_sigterm() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
-    _sigterm_installed = True
 
 
 def span(track: str, name: str, cat: str = "compute", **args):
