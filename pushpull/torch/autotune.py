@@ -127,26 +127,22 @@ class Search:
         return {**b.params, "value": b.value, "trial": b.number}
 
 
-def apply_setting(partition_bytes: int, credit_bytes: int) -> None:
+def apply_setting(partition_bytes: int, credit_bytes: int, base_partition_bytes: int | None = None) -> None:
     """Make the engine use these from the next push_pull on.
 
-    New partition size -> new tensor-name suffix (new keys), because a key's
-    partition layout is fixed at its INIT; the credit is set on the I/O thread
-    and may admit queued partitions at once."""
+    A new partition size gets a new tensor-name suffix (new keys), because a
+    key's partition layout is fixed at its INIT; ``base_partition_bytes`` (the
+    size in force before tuning, default the configured one) keeps the plain
+    names. The credit applies at once, on the I/O thread."""
     from pushpull.torch import ops
 
     st = ops._state
     eng = st.engine
     if eng is None or st.cfg is None:
         return
-    eng.cfg = eng.cfg.replace(partition_bytes=int(partition_bytes))
-    st.name_suffix = "" if partition_bytes == st.cfg.partition_bytes else f"@p{int(partition_bytes)}"
-
-    def set_credit() -> None:
-        eng.queue.credit_bytes = int(credit_bytes)
-        eng.queue.admit(eng._send_partition)
-
-    eng.van.call_soon(set_credit)
+    base = st.cfg.partition_bytes if base_partition_bytes is None else base_partition_bytes
+    eng.set_scheduling(partition_bytes=int(partition_bytes), credit_bytes=int(credit_bytes))
+    st.name_suffix = "" if partition_bytes == base else f"@p{int(partition_bytes)}"
 
 
 def _broadcast_from_root(vec: list[int]) -> list[int]:
@@ -201,11 +197,16 @@ class AutoTuner:
             space = Space.for_model(model_elements, itemsize, cfg.backend if cfg else "ps",
                                     scale if scale is not None else (cfg.autotune_scale if cfg else None))
         self.space = space
-        if baseline is None and cfg is not None:
+        eng = ops.engine() if cfg is not None else None
+        # what is in force now (a strategy may have set it), else the configuration
+        self._base_partition = eng.cfg.partition_bytes if eng is not None else (cfg.partition_bytes if cfg else None)
+        if baseline is None and eng is not None:
+            baseline = (eng.cfg.partition_bytes, eng.queue.credit_bytes)
+        elif baseline is None and cfg is not None:
             baseline = (cfg.partition_bytes, cfg.scheduling_credit * cfg.partition_bytes)
         baseline = space.clamp(*(baseline or (space.partition[1], space.credit[1])))
         self._broadcast = broadcast or _broadcast_from_root
-        self._apply = apply or apply_setting
+        self._apply = apply or (lambda p, c: apply_setting(p, c, self._base_partition))
         self._clock = clock
         self.search = None
         if self.rank == 0:
