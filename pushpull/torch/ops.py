@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import sys
 import threading
 
 import torch
@@ -35,6 +36,7 @@ class _State:
         self.noname = itertools.count()
         self.lock = threading.Lock()
         self.local_names: set[str] = set()  # single-process mode: names not yet synchronized
+        self.crashed = False  # an uncaught exception is on its way out
         # appended to every tensor name; the auto-tuner bumps it when it changes the partition size,
         # so re-partitioned tensors get new keys (pushpull.torch.autotune)
         self.name_suffix = ""
@@ -76,8 +78,22 @@ def init(config: Config | None = None) -> None:
         engine.start()
         _state.engine = engine
         atexit.register(shutdown)
+        _watch_uncaught()
     _state.cfg = cfg
     _trace.install(cfg, ident.rank, _state.engine)
+
+
+def _watch_uncaught() -> None:
+    """Remember an uncaught exception, so that the exit-time shutdown leaves at once:
+    waiting for the other workers (who wait for this one) would hold the crash back
+    from the launcher for PUSHPULL_TIMEOUT."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        _state.crashed = True
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 def shutdown() -> None:
@@ -86,7 +102,10 @@ def shutdown() -> None:
     _state.engine = None
     _trace.uninstall()
     if eng is not None:
-        eng.shutdown()
+        if _state.crashed:
+            eng.van.stop()  # crashed: exit now and let the launcher stop the job
+        else:
+            eng.shutdown()
     _state.cfg = None
     _state.handles.clear()
 
