@@ -87,6 +87,11 @@ def shard(n: int, epoch: int, seed: int, rank: int, size: int) -> torch.Tensor:
 def compression_from(args):
     if args.compression in (None, "", "none"):
         return bps.Compression.none
+    import importlib.util
+
+    if importlib.util.find_spec("pushpull.worker.codec") is None:
+        raise SystemExit(f"--compression {args.compression}: this pushpull build has no worker-side codec "
+                         f"(pushpull.worker.codec) yet; run with --compression none")
     opts = {k: v for k, v in (("ef", args.ef), ("momentum", args.momentum), ("mu", args.mu), ("k", args.k))
             if v is not None}
     if "k" in opts and float(opts["k"]).is_integer() and opts["k"] >= 1:

@@ -6,7 +6,7 @@ from pushpull.torch.ops import (  # noqa: F401
 from pushpull.torch.compression import Compression  # noqa: F401
 from pushpull.torch.optimizer import DistributedOptimizer  # noqa: F401
 from pushpull.torch.functions import (  # noqa: F401
-    BroadcastError, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+    BroadcastError, broadcast, broadcast_, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
 )
 from pushpull.torch.ddp import (  # noqa: F401
     CommHookState, DistributedDataParallel, ddp_comm_hook, init_process_group_for_ddp,

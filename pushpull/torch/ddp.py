@@ -25,7 +25,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
-from pushpull.torch.functions import broadcast_, broadcast_object, broadcast_parameters
+from pushpull.torch.functions import _broadcast_many, broadcast_object, broadcast_parameters
 from pushpull.worker.handle import PushPullError
 
 __all__ = ["DistributedDataParallel", "CommHookState", "ddp_comm_hook", "init_process_group_for_ddp"]
@@ -77,7 +77,7 @@ class DistributedDataParallel(torch.nn.Module):
         if (self.broadcast_buffers and self.training and torch.is_grad_enabled() and _distributed()):
             bufs = [(self._prefix + "buf." + n, b) for n, b in self.module.named_buffers()]
             if bufs:
-                broadcast_(bufs, self.root_rank)
+                _broadcast_many(bufs, self.root_rank)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -13,6 +13,7 @@ waiting forever.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import zlib
 from typing import Iterable
@@ -21,7 +22,7 @@ import torch
 
 from pushpull.torch import ops
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "broadcast_",
+__all__ = ["broadcast", "broadcast_", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "BroadcastError"]
 
 # same-size integer dtype that carries a tensor's bits exactly through a sum with zeros
@@ -88,7 +89,7 @@ def _finish(started) -> None:
     del out
 
 
-def broadcast_(tensors: Iterable[tuple[str, torch.Tensor]], root_rank: int) -> None:
+def _broadcast_many(tensors: Iterable[tuple[str, torch.Tensor]], root_rank: int) -> None:
     """Broadcast ``(name, tensor)`` pairs in place from ``root_rank``; all in flight at once."""
     started = [_start(t, root_rank, name) for name, t in tensors]
     first_error = None
@@ -99,6 +100,24 @@ def broadcast_(tensors: Iterable[tuple[str, torch.Tensor]], root_rank: int) -> N
             first_error = first_error or e
     if first_error is not None:
         raise first_error
+
+
+_unnamed = itertools.count()
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+    """Horovod's ``broadcast_``: overwrite ``tensor`` with ``root_rank``'s, in place; returns it.
+    Unnamed calls are numbered, so every rank must make them in the same order."""
+    ops._need_init()
+    _check_root(root_rank)
+    if _distributed():
+        _broadcast_many([(name or f"broadcast.noname.{next(_unnamed)}", tensor)], root_rank)
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+    """Horovod's ``broadcast``: a new tensor holding ``root_rank``'s value (``tensor`` is untouched)."""
+    return broadcast_(tensor.detach().clone(), root_rank, name)
 
 
 def _agree(ok: bool, what: str, detail: str, name: str) -> None:
@@ -158,10 +177,10 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "broadcast.") -> 
         return
     fp = torch.tensor([_fingerprint(items)], dtype=torch.int64)
     got = fp.clone()
-    broadcast_([(prefix + "__fingerprint__", got)], root_rank)
+    _broadcast_many([(prefix + "__fingerprint__", got)], root_rank)
     _agree(bool(got.item() == fp.item()), "the set of tensors to broadcast (names, dtypes, shapes)",
            f"{len(items)} tensors: {[n for n, _ in items[:5]]}...", prefix + "__agree__")
-    broadcast_([(prefix + n, t) for n, t in items], root_rank)
+    _broadcast_many([(prefix + n, t) for n, t in items], root_rank)
 
 
 # ------------------------------------------------------------------ objects --
@@ -202,13 +221,13 @@ def _decode(data: bytes, trusted: bool):
 def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
     is_root = ops.rank() == root_rank
     length = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
-    broadcast_([(name + ".len", length)], root_rank)
+    _broadcast_many([(name + ".len", length)], root_rank)
     n = int(length.item())
     cap = 1 << max(6, (n - 1).bit_length())  # a few sizes, so the servers keep a few keys
     buf = torch.zeros(cap, dtype=torch.uint8)
     if is_root:
         buf[:n] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    broadcast_([(f"{name}.bytes{cap}", buf)], root_rank)
+    _broadcast_many([(f"{name}.bytes{cap}", buf)], root_rank)
     return data if is_root else bytes(buf[:n].numpy())
 
 
@@ -313,7 +332,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             entry[key] = t
             transfers.append((f"{prefix}{idx}.{key}", t))
         new_state[idx] = entry
-    broadcast_(transfers, root_rank)
+    _broadcast_many(transfers, root_rank)
     if is_root:
         return
     # assigned directly: torch's load_state_dict would turn string entries into garbage

@@ -148,6 +148,14 @@ def case_broadcast() -> None:
             if v.data_ptr() != ptrs[k]:
                 fail(f"broadcast from {root}: {k} was replaced instead of written in place")
             expect_bits(f"broadcast from {root}: {k}", v, want[k] if r != root else before[k])
+        # Horovod's single-tensor forms: broadcast returns a new tensor, broadcast_ writes in place
+        t = torch.arange(4.0) * (r + 1)
+        got = bps.broadcast(t, root, name=f"one.{root}")
+        expect_bits(f"broadcast from {root}: input untouched", t, torch.arange(4.0) * (r + 1))
+        expect_bits(f"broadcast from {root}: result", got, torch.arange(4.0) * (root + 1))
+        if bps.broadcast_(t, root, name=f"one_.{root}") is not t:
+            fail("broadcast_ must return the tensor it was given")
+        expect_bits(f"broadcast_ from {root}", t, torch.arange(4.0) * (root + 1))
         # a model's state_dict and its named_parameters (a Parameter that requires grad)
         model = make_model(r + 100)
         bps.broadcast_parameters(model.state_dict(), root_rank=root, prefix=f"bcm.{root}.")
