@@ -151,7 +151,7 @@ class Server:
             try:
                 from pushpull.server.codec import ServerCodec
 
-                ks.codec = ServerCodec(decl["compression"], decl["dtype"], decl["numel"])
+                ks.codec = ServerCodec(decl["compression"], decl["dtype"], decl["numel"], key=h.key)
             except Exception as e:  # a bad spec is the workers' error, not a server crash
                 for ident, req_id, _ in pend["by"].values():
                     self._error(ident, h.key, f"tensor {decl['name']!r}: compression {decl['compression']} "

@@ -114,6 +114,11 @@ class Engine:
         self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0}
         self.tracer = None  # set by the torch layer when tracing
 
+    def _lr(self) -> float:
+        """Current learning rate for error feedback (set by DistributedOptimizer)."""
+        getter = getattr(self, "lr_getter", None)
+        return float(getter()) if getter is not None else 1.0
+
     # ------------------------------------------------------------ lifecycle --
     def start(self) -> None:
         self.van.start()
@@ -166,7 +171,21 @@ class Engine:
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
         pbytes = max(itemsize, self.cfg.partition_bytes // itemsize * itemsize)
         parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
-        use_compression = compression if (compression and nbytes >= self.cfg.min_compress_bytes
+        if compression:
+            from pushpull.compression import normalize_spec
+
+            explicit_min = isinstance(compression, dict) and "min_compress_bytes" in compression
+            try:
+                compression = normalize_spec(compression)
+            except (ValueError, TypeError) as ex:
+                raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
+            min_bytes = compression["min_compress_bytes"] if explicit_min else self.cfg.min_compress_bytes
+            if compression["compressor"] == "none" and compression["ef"] == "none" \
+                    and compression["momentum"] == "none":
+                compression = None
+        else:
+            min_bytes = 0
+        use_compression = compression if (compression and nbytes >= min_bytes
                                            and dtype.is_floating_point) else None
         e = Entry(name, shape, dtype, use_compression, parts)
         self.entries[name] = e
@@ -247,8 +266,13 @@ class Engine:
             from pushpull.worker.codec import WorkerCodec
 
             itemsize = torch.empty((), dtype=e.dtype).element_size()
-            for p in e.parts:
-                p.codec = WorkerCodec(e.compression, e.dtype, p.nbytes // itemsize)
+            try:
+                for p in e.parts:
+                    p.codec = WorkerCodec(e.compression, e.dtype, p.nbytes // itemsize, key=p.key,
+                                          lr_getter=self._lr)
+            except (ValueError, TypeError) as ex:
+                self._fail_entry(e, f"tensor {e.name!r}: compression {e.compression} rejected: {ex}")
+                return
         e.state = "initing"
         e.pending_inits = len(e.parts)
         if not e.parts:

@@ -1,0 +1,33 @@
+"""Worker side of compression for one partition: the stateful chain
+(momentum -> error feedback -> compressor) before the push, and decoding of
+the server's re-compressed sum after the pull.
+
+Seeds are offset by the partition key, so every worker draws the same random
+stream for the same partition and different partitions draw different ones.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from pushpull.compression import build, decode_payload
+
+
+class WorkerCodec:
+    def __init__(self, spec: dict, dtype: torch.dtype, numel: int, key: int = 0,
+                 lr_getter: Callable[[], float] | None = None):
+        self.dtype = dtype
+        self.numel = numel
+        self.chain = build(spec, lr_getter=lr_getter, seed_offset=key)
+
+    def compress(self, raw: np.ndarray) -> np.ndarray:
+        """``raw``: the partition's bytes; returns the payload's wire buffer."""
+        t = torch.from_numpy(raw).view(self.dtype)
+        return self.chain.compress(t).buffer.numpy()
+
+    def decompress_into(self, buf, dst: np.ndarray) -> None:
+        """Decode a payload into the partition's output bytes ``dst``."""
+        out = torch.from_numpy(dst).view(self.dtype)
+        decode_payload(buf, out=out)

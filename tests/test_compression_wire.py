@@ -1,0 +1,19 @@
+"""Compression through real servers: C(C(x)) semantics, min_compress_bytes, bad specs."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("workers,servers", [(1, 1), (3, 2)])
+def test_compressed_push_pull_matches_server_recompression(workers, servers):
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", str(servers),
+            "--env", "BYTEPS_FORCE_DISTRIBUTED=1", "--",
+            sys.executable, str(ROOT / "tests" / "scripts" / "compress_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert out.count("ALL-OK") == workers
