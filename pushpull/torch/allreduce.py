@@ -182,9 +182,11 @@ class AllReducer:
 
     def _describe(self, e: _Entry) -> str:
         if e.issued == 0:
-            who = "rank 0 has not scheduled it yet" if self.rank != 0 else \
-                "still queued (credit exhausted or another rank has not submitted an earlier tensor)"
-            return who
+            if self.rank != 0:
+                return "rank 0 has not scheduled it yet"
+            q = self._queue
+            return (f"still queued on rank 0 ({len(q)} partition(s) queued, {q.in_flight} of {q.credit_bytes or 'unlimited'} "
+                    f"credit bytes in flight, {self._issued.qsize()} collective(s) awaiting completion)")
         return f"{e.done} of {e.numel} elements reduced, {e.issued} issued; a slow or missing rank holds it up"
 
     def close(self) -> None:
@@ -219,27 +221,27 @@ class AllReducer:
             while True:
                 if self.rank == 0:
                     batch, stop = self._next_batch()
+                    # one message per SLOTS partitions; each is issued before the next is sent,
+                    # exactly as the other ranks do (the first-use check is a control collective too)
                     for i in range(0, max(len(batch), 1), SLOTS):
-                        chunk = batch[i:i + SLOTS]
+                        chunk = [(e.id, off, n, e.numel) for e, off, n in batch[i:i + SLOTS]]
                         msg[0] = len(chunk)
                         if chunk:
-                            msg[1:1 + FIELDS * len(chunk)] = torch.tensor(
-                                [v for e, off, n in chunk for v in (e.id, off, n, e.numel)], dtype=torch.int64)
+                            msg[1:1 + FIELDS * len(chunk)] = torch.tensor(chunk, dtype=torch.int64).view(-1)
                         dist.broadcast(msg, src=0, group=self.ctrl_group)
+                        if chunk:
+                            self._issue(chunk)
                     if stop:
                         msg[0] = STOP
                         dist.broadcast(msg, src=0, group=self.ctrl_group)
                         return
-                    items = [(e.id, off, n, e.numel) for e, off, n in batch]
                 else:
                     dist.broadcast(msg, src=0, group=self.ctrl_group)
                     count = int(msg[0])
                     if count == STOP:
                         return
-                    vals = msg[1:1 + FIELDS * count].view(-1, FIELDS).tolist()
-                    items = [tuple(v) for v in vals]
-                if items:
-                    self._issue(items)
+                    if count > 0:
+                        self._issue([tuple(v) for v in msg[1:1 + FIELDS * count].view(-1, FIELDS).tolist()])
         except Exception as ex:  # a dead peer, a gloo timeout, a failed local wait
             self._fail_all(f"{type(ex).__name__}: {ex}" if not isinstance(ex, PushPullError) else str(ex))
 

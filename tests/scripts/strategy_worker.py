@@ -233,6 +233,8 @@ def main() -> None:
     p.add_argument("cases", nargs="+", choices=list(CASES))
     args = p.parse_args()
     torch.set_num_threads(1)  # several workers share few cores: intra-op threads only contend
+    from pushpull.torch import allreduce
+    allreduce.SLOTS = 16  # small order messages: long batches take several (chunking is exercised)
     bps.init()
     for c in args.cases:
         t = time.monotonic()

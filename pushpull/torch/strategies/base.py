@@ -65,7 +65,18 @@ class Strategy:
         self._active: list[Task] = []             # launched, not yet completed, in launch order
         self._task_of: dict[str, Task] = {}        # gradient name -> its latest task
         self._buffers: dict[str, torch.Tensor] = {}  # fused buffers, reused across steps
-        self.comm.set_scheduling(*self.scheduling())
+        self._sched = tuple(self.scheduling())
+        self._apply_scheduling()
+
+    # the backend's credit is process-wide: with several strategies alive (benchmarks),
+    # each re-applies its own before launching if another one changed it
+    _applied: dict = {}
+
+    def _apply_scheduling(self) -> None:
+        key = self.comm.scope()
+        if Strategy._applied.get(key) != self._sched:
+            self.comm.set_scheduling(*self._sched)
+            Strategy._applied[key] = self._sched
 
     def scheduling(self) -> tuple[int, int]:
         """(partition bytes, credit bytes) this strategy wants from the backend."""
@@ -124,6 +135,7 @@ class Strategy:
             torch.cat([g.reshape(-1) for _, g in members], out=buf)
             task = Task(name, members, buf, priority)
             tensor = buf
+        self._apply_scheduling()
         task.t_start = time.perf_counter()
         task.token = self.comm.submit(tensor, name, priority)
         self._active = [t for t in self._active if not t.finished]

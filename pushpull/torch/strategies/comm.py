@@ -30,6 +30,10 @@ class Comm:
         """(partition bytes, credit bytes) that strategies without scheduling use."""
         return 0, 0
 
+    def scope(self):
+        """What ``set_scheduling`` changes (shared by every Comm of the same engine)."""
+        return id(self)
+
     def broadcast_from_root(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         """Every rank ends with rank 0's values, bit for bit: the others contribute
         zeros to a sum (x + 0 is exact). Used to agree on measured plans."""
@@ -62,6 +66,9 @@ class PSComm(Comm):
         if eng is not None:
             eng.set_scheduling(partition_bytes or None, credit_bytes)
 
+    def scope(self):
+        return ("ps", id(ops.engine()))
+
     def default_scheduling(self) -> tuple[int, int]:
         """BYTEPS_PARTITION_BYTES and BYTEPS_SCHEDULING_CREDIT (0 = credit off: FIFO)."""
         cfg = ops.config()
@@ -93,6 +100,9 @@ class AllreduceComm(Comm):
 
     def set_scheduling(self, partition_bytes: int, credit_bytes: int) -> None:
         self.reducer.set_scheduling(partition_bytes, credit_bytes)
+
+    def scope(self):
+        return ("allreduce", id(self.reducer))
 
 
 def make_comm(backend: str | None = None, compression=None) -> Comm:
