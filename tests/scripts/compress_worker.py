@@ -32,7 +32,9 @@ for spec in [{"compressor": "onebit", "scaling": True}, {"compressor": "fp16"},
     # what the server must have computed: sum of decoded pushes, compressed again
     total = sum(decode_payload(build(spec, seed_offset=key).compress(xi)) for xi in xs)
     want = decode_payload(build_server(spec, seed_offset=key).compress(total))
-    if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+    # the server sums in arrival order: cancellation leaves a residue of one ulp of the
+    # summands, so the absolute tolerance is relative to the largest value
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-6 * float(want.abs().max())):
         fail(f"{name}: got {got[:4].tolist()} want {want[:4].tolist()} "
              f"(max diff {(got - want).abs().max().item()})")
     print(f"{name} ok: pushed {bps.engine().stats['bytes_pushed']} bytes so far", flush=True)
