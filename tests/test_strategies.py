@@ -152,3 +152,29 @@ def test_strategies_over_allreduce_with_rank_dependent_order():
     out = launch(3, 1, ["sums", "order", "mismatch", "train", "layerwise"], {"PUSHPULL_BACKEND": "allreduce"})
     assert out.count("MISMATCH-ERROR") == 3 and "'mismatched'" in out
     assert out.count("case order ok") == 3
+
+
+# --------------------------------------------------------------------------- benchmark pieces
+def test_emulated_model_replays_profile_sizes_and_backward_order():
+    from pushpull.bench.emulated_model import EmulatedModel
+    from pushpull.profiles import load_profile
+
+    prof = load_profile("resnet50")
+    model = EmulatedModel(prof, compute_scale=0.0, size_scale=0.01)
+    params = list(model.parameters())
+    want = [max(1, round(t.numel * 0.01)) for t in prof.tensors()]
+    assert [p.numel() for p in params] == want
+    order = []
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: order.append(i))
+    model(torch.zeros(1)).sum().backward()
+    layer_of = [li for li, layer in enumerate(prof.layers) for _ in layer.tensors]
+    assert len(order) == len(params)
+    assert [layer_of[i] for i in order] == sorted((layer_of[i] for i in order), reverse=True)  # output first
+
+
+def test_bench_cli_names_missing_benchmarks(capsys):
+    from pushpull.bench.cli import main
+
+    assert main(["nonsense"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err

@@ -61,7 +61,10 @@ class EmulatedLayer(nn.Module):
         super().__init__()
         self.layer_name = name
         self.fwd_s, self.bwd_s = fwd_s, bwd_s
-        self.params = nn.ParameterList(nn.Parameter(torch.zeros(n)) for n in numels)
+        # direct parameters (not a ParameterList): forward pre-hooks of this module see them
+        for i, n in enumerate(numels):
+            self.register_parameter(f"p{i}", nn.Parameter(torch.zeros(n)))
+        self.params = [getattr(self, f"p{i}") for i in range(len(numels))]
         self.clock_fwd, self.clock_bwd = clock_fwd, clock_bwd
 
     def forward(self, x):

@@ -39,6 +39,9 @@ import tempfile
 import time
 
 STRATEGIES = ["wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler"]
+# "<strategy>+lw": the same strategy with layer-wise updates (ScheduledOptimizer), which is how
+# ByteScheduler is used: priorities only pay off when the next forward pass can start early
+DEFAULT_RUNS = STRATEGIES + ["wfbp+lw", "bytescheduler+lw"]
 TARGET_BYTES = 32e6
 
 
@@ -151,9 +154,13 @@ def child_main(args) -> int:
     for s in args.strategies:
         model = make(scale)
         named = [(f"{s}.{n}", p) for n, p in model.named_parameters()]
-        strategy = make_strategy(s, **opts.get(s, {}))
-        opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=named,
-                                       strategy=strategy, model=model)
+        base, layerwise = s.split("+")[0], s.endswith("+lw")
+        strategy = make_strategy(base, **opts.get(base, {}))
+        sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+        if layerwise:
+            opt = bps.ScheduledOptimizer(model, sgd, named_parameters=named, strategy=strategy)
+        else:
+            opt = bps.DistributedOptimizer(sgd, named_parameters=named, strategy=strategy, model=model)
         runs[s] = (model, opt, strategy)
     times: dict[str, list[float]] = {s: [] for s in args.strategies}
     for rnd in range(args.rounds):
@@ -166,9 +173,11 @@ def child_main(args) -> int:
                 opt.zero_grad()
                 run_loss(model).backward()
                 opt.step()
+                if s.endswith("+lw") and step == warm + args.steps - 1:
+                    opt.synchronize()  # the block's last updates count, and nothing leaks into the next block
                 if step >= warm:
                     times[s].append(time.perf_counter() - t0)
-    bs = runs.get("bytescheduler")
+    bs = runs.get("bytescheduler") or runs.get("bytescheduler+lw")
     if bs is not None:
         st = bs[2]
         info["bytescheduler_partition_bytes"] = st.partition_bytes
@@ -214,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="timed steps per strategy per round")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before a strategy's first block")
     p.add_argument("--rounds", type=int, default=2, help="interleaved blocks per strategy")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default: all)")
+    p.add_argument("--strategies", default=",".join(DEFAULT_RUNS),
+                   help="comma-separated; NAME+lw = with layer-wise updates (default: %(default)s)")
     p.add_argument("--ratio", type=float, default=1.0,
                    help="emulated: forward+backward time / time of one reduction of all gradients")
     p.add_argument("--compute-scale", type=float, default=None,
@@ -230,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in args.strategies if s not in STRATEGIES]
+    unknown = [s for s in args.strategies if s.split("+")[0] not in STRATEGIES or s.count("+") > 1
+               or ("+" in s and not s.endswith("+lw"))]
     if unknown:
         p.error(f"--strategies: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
     if args.child:
@@ -239,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workers must be >= 2 (one worker has nothing to communicate)")
     if args.servers < 1:
         p.error("--servers must be >= 1 (the all-reduce backend also uses the scheduler for rendezvous)")
-    if args.warmup < 3 and any(s in args.strategies for s in ("fusion", "mgwfbp")):
+    if args.warmup < 3 and any(s.split("+")[0] in ("fusion", "mgwfbp") for s in args.strategies):
         p.error("--warmup must be >= 3: fusion and mgwfbp measure for 2 steps before planning")
     if not _is_profile(args.model) and args.model != "mlp":
         from pushpull.bench import models
