@@ -298,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{info['bytescheduler_credit_bytes']} B")
     for s, plan in r.get("plans", {}).items():
         print(f"  {plan}")
-    print(f"  {'strategy':<14} {'median ms':>10} {'mean ms':>10} {'speedup vs wfbp':>16}")
+    print(f"  {'strategy':<18} {'median ms':>10} {'mean ms':>10} {'speedup vs wfbp':>16}")
     for s, v in summary["strategies"].items():
         sp = v.get("speedup_vs_wfbp")
-        print(f"  {s:<14} {v['median_s'] * 1e3:10.1f} {v['mean_s'] * 1e3:10.1f} "
+        print(f"  {s:<18} {v['median_s'] * 1e3:10.1f} {v['mean_s'] * 1e3:10.1f} "
               f"{(f'{sp:.2f}x' if sp else '-'):>16}")
     for k, v in summary["ratios"].items():
         print(f"  {k.replace('_', ' ')}: {v:.2f}x")
