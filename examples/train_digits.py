@@ -34,7 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05,
                    help="learning rate for one worker; multiplied by the number of workers (linear scaling)")
-    p.add_argument("--sgd-momentum", type=float, default=0.9)
+    p.add_argument("--sgd-momentum", type=float, default=None,
+                   help="the optimizer's momentum (default 0.9; 0 with --momentum nesterov, which moves "
+                        "momentum into the worker's compression chain as BytePS does)")
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-fraction", type=float, default=0.2)
@@ -46,6 +48,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--momentum", default=None, help="compression momentum: none | nesterov")
     p.add_argument("--mu", type=float, default=None, help="momentum factor for --momentum nesterov")
     p.add_argument("--k", type=float, default=None, help="topk/randomk: count (>=1) or fraction; dithering: levels")
+    p.add_argument("--no-scaling", action="store_true", help="onebit: decode to +-1 instead of +-mean(|x|)")
+    p.add_argument("--partition", default=None, help="dithering levels: linear | natural")
+    p.add_argument("--normalize", default=None, help="dithering scale: max | l2")
+    p.add_argument("--compression-seed", type=int, default=None,
+                   help="randomk/dithering seed (the same on every worker, so randomk picks the same indices)")
+    p.add_argument("--min-compress-bytes", type=int, default=None,
+                   help="tensors smaller than this are sent uncompressed (default: BYTEPS_MIN_COMPRESS_BYTES, "
+                        "65536); most of this small CNN's tensors are below the default")
     p.add_argument("--min-accuracy", type=float, default=None,
                    help="exit with status 1 if the final test accuracy is below this")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -84,6 +94,21 @@ def shard(n: int, epoch: int, seed: int, rank: int, size: int) -> torch.Tensor:
     return perm[rank::size]
 
 
+def worker_momentum(args) -> bool:
+    return str(args.momentum or "none").lower() == "nesterov" and args.compression not in (None, "", "none")
+
+
+def sgd_momentum(args) -> float:
+    """BytePS semantics: with compression momentum on, the worker's chain applies momentum before
+    compressing, and the optimizer runs without it (otherwise momentum would be applied twice)."""
+    if worker_momentum(args):
+        if args.sgd_momentum:
+            raise SystemExit(f"--momentum nesterov applies momentum in the compression chain; "
+                             f"--sgd-momentum {args.sgd_momentum} would apply it a second time (use 0)")
+        return 0.0
+    return 0.9 if args.sgd_momentum is None else args.sgd_momentum
+
+
 def compression_from(args):
     if args.compression in (None, "", "none"):
         return bps.Compression.none
@@ -92,8 +117,12 @@ def compression_from(args):
     if importlib.util.find_spec("pushpull.worker.codec") is None:
         raise SystemExit(f"--compression {args.compression}: this pushpull build has no worker-side codec "
                          f"(pushpull.worker.codec) yet; run with --compression none")
-    opts = {k: v for k, v in (("ef", args.ef), ("momentum", args.momentum), ("mu", args.mu), ("k", args.k))
+    opts = {k: v for k, v in (("ef", args.ef), ("momentum", args.momentum), ("mu", args.mu), ("k", args.k),
+                              ("partition", args.partition), ("normalize", args.normalize),
+                              ("seed", args.compression_seed), ("min_compress_bytes", args.min_compress_bytes))
             if v is not None}
+    if args.no_scaling:
+        opts["scaling"] = False
     if "k" in opts and float(opts["k"]).is_integer() and opts["k"] >= 1:
         opts["k"] = int(opts["k"])
     return bps.Compression.build(args.compression, **opts)
@@ -145,16 +174,19 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed + rank)  # different on purpose: broadcast_parameters makes them equal
     model = build_model(args.model)
     lr = args.lr * size
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.sgd_momentum, weight_decay=1e-4)
+    momentum = sgd_momentum(args)
+    compression = compression_from(args)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=1e-4)
     opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=compression_from(args), strategy=args.strategy, model=model)
+                                   compression=compression, strategy=args.strategy, model=model)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(opt, root_rank=0)
 
     steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
     if rank == 0:
         print(f"digits: {len(y_train)} train / {len(y_test)} test images, {args.model}, {size} worker(s), "
-              f"batch {args.batch_size}/worker, lr {lr:g}, {steps} steps/epoch, compression {args.compression}, "
+              f"batch {args.batch_size}/worker, lr {lr:g}, sgd momentum {momentum:g}, {steps} steps/epoch, "
+              f"compression {compression.spec or 'none'}, "
               f"strategy {args.strategy or bps.config().strategy}", flush=True)
     bar = None
     if rank == 0 and not args.no_progress:
@@ -170,11 +202,16 @@ def main(argv=None) -> int:
         else:
             print(text, flush=True)
 
+    eng = bps.engine()
+    known = set(eng.entries) if eng is not None else set()
+    grad_entries: list = []
+    step_bytes = 0  # bytes this worker pushed inside training steps (gradients only)
     wall0 = time.perf_counter()
-    train_time, samples, acc = 0.0, 0.0, 0.0
+    train_time, samples, acc, test_loss = 0.0, 0.0, 0.0, 0.0
     for epoch in range(args.epochs):
         idx = shard(len(y_train), epoch, args.seed, rank, size)
         t0 = time.perf_counter()
+        pushed0 = eng.stats["bytes_pushed"] if eng is not None else 0
         loss_sum = 0.0
         for s in range(steps):
             b = idx[s * args.batch_size:(s + 1) * args.batch_size]
@@ -186,6 +223,10 @@ def main(argv=None) -> int:
             if bar is not None:
                 bar.update(1)
         epoch_time = time.perf_counter() - t0
+        if eng is not None:  # step() waited for every pull, so every push of this epoch is counted
+            step_bytes += eng.stats["bytes_pushed"] - pushed0
+            if epoch == 0:  # the tensors first used inside the steps: the gradients
+                grad_entries = [e for name, e in eng.entries.items() if name not in known]
         total_loss, n, time_sum = reduce_sum([loss_sum, float(len(idx)), epoch_time], "digits.train")
         train_time += time_sum / size
         samples += n
@@ -199,16 +240,36 @@ def main(argv=None) -> int:
         bar.close()
     wall = time.perf_counter() - wall0
     throughput = samples / train_time if train_time > 0 else 0.0
-    eng = bps.engine()
-    pushed = reduce_sum([float(eng.stats["bytes_pushed"])], "digits.bytes")[0] if eng is not None else 0.0
-    summary = {"test_accuracy": round(acc, 4), "epochs": args.epochs, "throughput": round(throughput, 1),
+    total_steps = args.epochs * steps
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if eng is not None:
+        def nbytes(e) -> int:
+            return sum(p.nbytes for p in e.parts)
+        compressed_bytes = sum(nbytes(e) for e in grad_entries if e.compression)
+        declared = sum(nbytes(e) for e in grad_entries)
+        pushed, step_bytes_sum = reduce_sum([float(eng.stats["bytes_pushed"]), float(step_bytes)], "digits.bytes")
+    else:
+        compressed_bytes, declared, pushed, step_bytes_sum = 0, grad_bytes, 0.0, 0.0
+    summary = {"test_accuracy": round(acc, 4), "test_loss": round(test_loss, 4),
+               "epochs": args.epochs, "steps": total_steps, "throughput": round(throughput, 1),
                "wall_s": round(wall, 2), "workers": size, "bytes_pushed": int(pushed),
-               "model": args.model, "compression": args.compression,
+               # per worker and step, gradients only (no evaluation or logging traffic)
+               "bytes_per_step": round(step_bytes_sum / size / total_steps, 1) if total_steps else 0.0,
+               "grad_bytes_per_step": grad_bytes,
+               "compressed_fraction": round(compressed_bytes / declared, 4) if declared else 0.0,
+               "model": args.model, "compression": args.compression, "spec": compression.spec,
+               "lr": lr, "sgd_momentum": momentum, "seed": args.seed,
+               "engine_stats": dict(eng.stats) if eng is not None else None,
                "strategy": args.strategy or bps.config().strategy}
     bps.shutdown()
     if rank == 0:
         print(f"final: test_accuracy={acc:.4f} epochs={args.epochs} throughput={throughput:.0f} samples/s "
-              f"workers={size} wall={wall:.1f}s bytes_pushed={int(pushed)}", flush=True)
+              f"workers={size} wall={wall:.1f}s bytes_pushed={int(pushed)} "
+              f"bytes/step={summary['bytes_per_step']:.0f} of {grad_bytes} "
+              f"compressed_fraction={summary['compressed_fraction']:.3f}", flush=True)
+        if compression.spec and eng is not None and not compressed_bytes:
+            print("note: no gradient was compressed: every tensor is below min_compress_bytes "
+                  f"({bps.config().min_compress_bytes} unless --min-compress-bytes is given)", flush=True)
         if args.json:
             print(json.dumps(summary), flush=True)
     if args.min_accuracy is not None and acc < args.min_accuracy:

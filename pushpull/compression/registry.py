@@ -163,6 +163,15 @@ def build_server(spec: Mapping | str | None = None, *, lr_getter: Callable[[], f
     """The server chain: it re-compresses each sum with its own error feedback
     and never applies momentum (that already happened on the workers)."""
     spec = normalize_spec(spec)
+    if spec["compressor"] == "randomk":
+        # The pushes are already scaled by n/k, and with a shared seed the server's
+        # stream would draw the very same indices: re-sampling would scale the sum by
+        # n/k a second time (training diverges). Send the sum's k largest entries
+        # instead: with a shared seed the sum has at most k non-zeros, so this passes
+        # it through exactly, as BytePS' server does with randomk sums.
+        spec = dict(spec, compressor="topk")
+        return ErrorFeedback(_codec(spec, seed_offset), lr_getter=lr_getter) if spec["ef"] == "vanilla" \
+            else _codec(spec, seed_offset)
     return _with_error_feedback(spec, _codec(spec, seed_offset), lr_getter)
 
 

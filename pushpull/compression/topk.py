@@ -60,6 +60,10 @@ class TopK(Compressor):
         k = resolve_k(self.k, n)
         xs = x.numpy()
         idx = self._indices(xs, k)
+        if idx.size != k:  # NaN compares false with everything: a diverged input. Keep the NaNs
+            mags = np.abs(xs)  # (they rank above every number) so the divergence shows downstream.
+            mags[np.isnan(mags)] = np.inf
+            idx = _exact_topk(mags, k)
         payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, count=k)
         index_section, value_section = payload.sections
         index_section.numpy()[:] = idx
