@@ -52,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--partition", default=None, help="dithering levels: linear | natural")
     p.add_argument("--normalize", default=None, help="dithering scale: max | l2")
     p.add_argument("--compression-seed", type=int, default=None,
-                   help="randomk/dithering seed (the same on every worker, so randomk picks the same indices)")
+                   help="randomk/dithering seed, the same on every worker (randomk default: --seed, so all "
+                        "workers pick the same indices; dithering default: random)")
     p.add_argument("--min-compress-bytes", type=int, default=None,
                    help="tensors smaller than this are sent uncompressed (default: BYTEPS_MIN_COMPRESS_BYTES, "
                         "65536); most of this small CNN's tensors are below the default")
@@ -123,6 +124,10 @@ def compression_from(args):
             if v is not None}
     if args.no_scaling:
         opts["scaling"] = False
+    if args.compression == "randomk" and "seed" not in opts:
+        # one seed on every worker (BytePS' default): all pick the same indices, so the server's
+        # sum stays k-sparse and only k values travel each way
+        opts["seed"] = args.seed
     if "k" in opts and float(opts["k"]).is_integer() and opts["k"] >= 1:
         opts["k"] = int(opts["k"])
     return bps.Compression.build(args.compression, **opts)
