@@ -36,6 +36,10 @@ DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float3
               torch.int8: "int8", torch.int16: "int16"}
 
 
+# dtypes NumPy can average in place as they arrive (bfloat16 has no NumPy type)
+_NP_FLOAT = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     """A writable uint8 NumPy view of a contiguous CPU tensor's memory."""
     return t.reshape(-1).view(torch.uint8).numpy()
@@ -340,6 +344,18 @@ class Engine:
         self.stats["partitions"] += 1
 
     def _server_message(self, msg: Msg) -> None:
+        """A failure while handling a server's answer fails that tensor's op at once,
+        with the cause, instead of leaving it to time out."""
+        try:
+            self._handle_server_message(msg)
+        except Exception as ex:
+            log.exception("handling %s for key %d failed", msg.header.type.name, msg.header.key)
+            op = self.ops.get(msg.header.key)
+            if op is not None:
+                self._finish(op, f"tensor {op.entry.name!r}: handling the server's "
+                                 f"{msg.header.type.name} failed: {ex!r}")
+
+    def _handle_server_message(self, msg: Msg) -> None:
         h = msg.header
         t = h.type
         if t == MsgType.INIT_ACK:
@@ -375,14 +391,21 @@ class Engine:
             frame = msg.body()
             buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
             dst = op.out_bytes[p.offset:p.offset + p.nbytes]
+            npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
             if h.flags & Flags.COMPRESSED:
                 p.codec.decompress_into(buf, dst)
+                if npdt is not None:
+                    typed = dst.view(npdt)
+                    np.divide(typed, self.size, out=typed)
             else:
                 if len(buf) != p.nbytes:
                     self._finish(op, f"tensor {op.entry.name!r}: server {p.server} answered {len(buf)} bytes "
                                      f"for a partition of {p.nbytes}")
                     return
-                np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
+                if npdt is not None:  # average while copying: one pass over the data instead of two
+                    np.divide(np.frombuffer(buf, dtype=npdt), self.size, out=dst.view(npdt))
+                else:
+                    np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
             self.stats["bytes_pulled"] += len(buf)
             if self.tracer is not None:
                 self.tracer.partition_done(op, p)
@@ -435,7 +458,9 @@ class Engine:
         if error is None:
             try:
                 if op.average and self.size > 1:
-                    if op.out.dtype.is_floating_point:
+                    if op.out.dtype in _NP_FLOAT:
+                        pass  # divided partition by partition on arrival
+                    elif op.out.dtype.is_floating_point:
                         op.out.div_(self.size)
                     else:
                         op.out.copy_(torch.div(op.out, self.size, rounding_mode="trunc"))
