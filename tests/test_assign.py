@@ -1,0 +1,44 @@
+"""Tensor -> key and partition -> server assignment (the scheduler's Assigner)."""
+import random
+
+from pushpull.cluster.assign import Assigner
+from pushpull.profiles import load_profile
+
+P = 4096000
+
+
+def _declare(a, sizes, order, rank=0):
+    out = {}
+    for i in order:
+        nb = sizes[i]
+        parts = [min(P, nb - o) for o in range(0, nb, P)]
+        out[i] = a.assign(rank, {"name": f"t{i}", "shape": [nb // 4], "dtype": "float32", "parts": parts})
+    return out
+
+
+def test_resnet50_partitions_are_balanced_over_servers():
+    sizes = [t.numel * 4 for t in load_profile("resnet50").tensors()]
+    for k in (2, 3, 4):
+        a = Assigner(k, "balanced")
+        _declare(a, sizes, range(len(sizes)))
+        assert a.imbalance() < 0.06, (k, a.load)
+        hashed = Assigner(k, "djb2")
+        _declare(hashed, sizes, range(len(sizes)))
+        assert a.imbalance() < hashed.imbalance()
+
+
+def test_keys_do_not_depend_on_the_order_a_later_worker_declares_in():
+    sizes = [random.Random(1).randint(4, 10_000_000) // 4 * 4 for _ in range(50)]
+    a = Assigner(3)
+    first = _declare(a, sizes, range(50), rank=0)
+    order = list(range(50))
+    random.Random(2).shuffle(order)
+    second = _declare(a, sizes, order, rank=1)
+    assert first == second
+
+
+def test_disagreement_names_tensor_and_both_ranks():
+    a = Assigner(2)
+    a.assign(0, {"name": "fc.weight", "shape": [10, 4], "dtype": "float32", "parts": [160]})
+    r = a.assign(3, {"name": "fc.weight", "shape": [4, 10], "dtype": "float32", "parts": [160]})
+    assert "fc.weight" in r["error"] and "rank 0" in r["error"] and "rank 3" in r["error"]
