@@ -1,0 +1,409 @@
+"""``pushpull bench grid CONFIG``: a benchmark grid on the emulated cluster.
+
+CONFIG is a JSON file (``benchmarks/configs/*.json``; ``//`` line comments are
+allowed). The grid is the cross product of
+
+    models x strategies x backends x workers x placements x bandwidths x ratios x repeats
+
+and every cell is one (strategy, setting) measured on the emulated cluster
+(:mod:`pushpull.emulate`): one host per worker, servers colocated with the
+workers as BytePS recommends (``"placement": "colocated"``) or on hosts of
+their own (``"separate"``), every link shaped to the cell's bandwidth.
+
+Keys (defaults in brackets):
+
+* ``name`` [file stem]: results go to ``docs/results/<name>.jsonl`` (``--out``).
+* ``models``: shipped profile names or profile files; compute is emulated
+  (per-layer sleeps, :mod:`pushpull.bench.emulated_model`), gradients have the
+  profile's tensor sizes scaled down to ``grad_mb`` [8] MB in all.
+* ``strategies``: ``bsp``, ``wfbp``, ``fusion``, ``mgwfbp``, ``bytescheduler``,
+  ``NAME+lw`` (layer-wise updates), or a name defined in ``variants``:
+  ``{"schedule_only": {"base": "bytescheduler", "partition_bytes": "whole", "credit_bytes": 4e6},
+  "fp16": {"base": "wfbp", "compression": "fp16", "backends": ["ps"]}}``.
+  ``partition_bytes``/``credit_bytes`` are bytes of the *scaled* model
+  (``"whole"`` = larger than any tensor, ``"inf"`` = unlimited credit); by
+  default bytescheduler gets ByteScheduler's defaults (PS 4 MB / 16 MB,
+  all-reduce 32 MB / 64 MB) times the size scale, so partitions keep their
+  size relative to the tensors. A variant's ``backends`` restricts where it runs
+  (compression only exists over PS).
+* ``backends`` [["ps"]]: ``ps`` and/or ``allreduce`` (gloo).
+* ``workers`` [[4]]; ``servers`` ["workers" = k = n, or a number];
+  ``placements`` [["colocated"]].
+* ``bandwidths`` [["200mbit"]]: link rate per host and direction; ``delay``
+  [none]: one-way latency (``"1ms"``).
+* ``ratios`` [[1.0]]: computation/communication ratio: forward+backward time
+  = ratio x (gradient bytes / link rate), i.e. against the ideal time of
+  moving the gradients once over one link. The resulting compute scale is
+  recorded in every row, so the simulator can replay the same cell.
+* ``tries`` [3]: interleaved rounds of ``steps`` [4] timed steps per
+  strategy within one launch (first round after ``warmup`` [4] untimed steps);
+  each round's median is one try (mean +- std in the report).
+* ``repeats`` [1]: separate launches of each job.
+* ``timeout`` [600]: seconds per launch.
+
+A *job* is one launch: all strategies of one (model, backend, workers,
+placement, bandwidth, ratio, repeat) take turns in the same processes. Jobs
+sharing a cluster shape (hosts, bandwidth, delay) run on one cluster, set up
+once. Resumable: cells already in the results file are skipped. Each cell
+appends one JSON line with every parameter, the emulation mode
+(``namespaces`` or ``loopback``) and the measured step time / throughput.
+``--loopback`` (or ``PUSHPULL_GRID_LOOPBACK=1``) forces the loopback mode.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler")
+BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
+WHOLE = 1 << 40  # a partition size no tensor reaches
+KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
+              "ratio", "grad_mb", "repeat")
+
+
+# ---------------------------------------------------------------- config --
+
+def load_config(path: str | Path) -> dict:
+    text = Path(path).read_text()
+    text = re.sub(r"^\s*//.*$", "", text, flags=re.M)
+    cfg = json.loads(text)
+    cfg.setdefault("name", Path(path).stem)
+    return cfg
+
+
+def _list(v, default):
+    if v is None:
+        return list(default)
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _bytes(v):
+    if v is None:
+        return None
+    if isinstance(v, str) and v.lower() == "whole":
+        return WHOLE
+    if isinstance(v, str) and v.lower() in ("inf", "none", "unlimited"):
+        return WHOLE
+    return int(float(v))
+
+
+def strategy_spec(name: str, cfg: dict) -> dict:
+    """{'name', 'base', 'layerwise', 'partition_bytes', 'credit_bytes', 'compression', 'backends'}."""
+    var = (cfg.get("variants") or {}).get(name)
+    if var is not None:
+        base = var.get("base", "bytescheduler")
+        spec = {"name": name, "base": base.split("+")[0], "layerwise": base.endswith("+lw") or bool(var.get("layerwise")),
+                "partition_bytes": _bytes(var.get("partition_bytes")), "credit_bytes": _bytes(var.get("credit_bytes")),
+                "compression": var.get("compression"), "backends": var.get("backends")}
+    else:
+        base = name.split("+")[0]
+        spec = {"name": name, "base": base, "layerwise": name.endswith("+lw"), "partition_bytes": None,
+                "credit_bytes": None, "compression": None, "backends": None}
+    if spec["base"] not in BASE_STRATEGIES:
+        raise ValueError(f"strategy {name!r}: unknown base {spec['base']!r} (choose from {BASE_STRATEGIES} "
+                         f"or define it under 'variants')")
+    if spec["compression"] and spec["backends"] is None:
+        spec["backends"] = ["ps"]
+    return spec
+
+
+def scaled_profile(model: str, grad_mb: float):
+    """(profile, size_scale, grad_bytes) exactly as EmulatedModel builds the tensors."""
+    from pushpull.profiles import load_profile
+
+    prof = load_profile(model)
+    size_scale = min(1.0, grad_mb * 1e6 / prof.nbytes)
+    numel = sum(max(1, int(round(t.numel * size_scale))) for t in prof.tensors())
+    return prof, size_scale, numel * 4
+
+
+def expand(cfg: dict) -> list[dict]:
+    """The grid's jobs, each with its cells' strategies."""
+    from pushpull.sim.config import parse_bandwidth
+
+    jobs = []
+    grad_mb = float(cfg.get("grad_mb", 8))
+    specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
+    for model, backend, n, placement, bw, ratio, rep in itertools.product(
+            _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), ["ps"]),
+            _list(cfg.get("workers"), [4]), _list(cfg.get("placements"), ["colocated"]),
+            _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
+            range(int(cfg.get("repeats", 1)))):
+        srv = cfg.get("servers", "workers")
+        k = n if srv == "workers" else int(srv)
+        runs = [s for s in specs if s["backends"] is None or backend in s["backends"]]
+        if not runs:
+            continue
+        prof, size_scale, grad_bytes = scaled_profile(model, grad_mb)
+        bw_bytes = parse_bandwidth(bw)
+        compute_scale = float(ratio) * (grad_bytes / bw_bytes) / prof.compute_s
+        p_def, c_def = BS_DEFAULTS[backend]
+        runs = [dict(r, partition_bytes=r["partition_bytes"] or (max(4096, int(p_def * size_scale))
+                                                                 if r["base"] == "bytescheduler" else None),
+                     credit_bytes=r["credit_bytes"] or (max(4096, int(c_def * size_scale))
+                                                       if r["base"] == "bytescheduler" else None))
+                for r in runs]
+        hosts = n if placement == "colocated" else n + k
+        jobs.append({"model": model, "backend": backend, "workers": n, "servers": k, "placement": placement,
+                     "bandwidth": bw, "bandwidth_bytes_s": bw_bytes, "delay": cfg.get("delay"),
+                     "ratio": float(ratio), "grad_mb": grad_mb, "repeat": rep, "hosts": hosts,
+                     "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
+                     "batch_size": prof.batch_size, "runs": runs,
+                     # PS keys sharded at ByteScheduler's size x the size scale (BYTEPS_PARTITION_BYTES)
+                     "ps_partition_bytes": max(65536, int(4_096_000 * size_scale))})
+    return jobs
+
+
+def cell_key(row: dict) -> tuple:
+    return tuple(str(row.get(f)) for f in KEY_FIELDS)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by a crash: that cell is simply run again
+    return rows
+
+
+# ---------------------------------------------------------------- worker side --
+
+def _time_reduction(comm, nbytes: int, name: str, reps: int = 3) -> float:
+    import torch
+
+    buf = torch.zeros(max(1, nbytes // 4))
+    comm.wait(comm.submit(buf, name, 0))  # first use sets up keys: not timed
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        comm.wait(comm.submit(buf, name, 0))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def child_main(spec: dict, out: str) -> int:
+    import torch
+
+    import pushpull.torch as bps
+    from pushpull.bench.emulated_model import EmulatedModel
+    from pushpull.profiles import load_profile
+    from pushpull.torch.strategies import make_strategy
+    from pushpull.torch.strategies.comm import make_comm
+
+    torch.set_num_threads(1)
+    bps.init()
+    rank = bps.rank()
+    comm = make_comm()
+    prof = load_profile(spec["model"])
+    probe = EmulatedModel(prof, 0.0, spec["size_scale"])
+    nbytes = sum(p.numel() * 4 for p in probe.parameters())
+    ntensors = sum(1 for _ in probe.parameters())
+    del probe
+    t_comm = _time_reduction(comm, nbytes, "grid.all")                 # one reduction of all gradients as one buffer
+    t_small = _time_reduction(comm, 4096, "grid.small", reps=5)          # per-message cost: a 4 KB reduction
+    agreed = comm.broadcast_from_root(torch.tensor([t_comm, t_small], dtype=torch.float64), "grid.agree")
+    t_comm, t_small = agreed.tolist()
+    x = torch.zeros(1)
+    runs = {}
+    for r in spec["runs"]:
+        model = EmulatedModel(prof, spec["compute_scale"], spec["size_scale"])
+        named = [(f"{r['name']}.{n}", p) for n, p in model.named_parameters()]
+        opts = {}
+        if r["base"] == "bytescheduler":
+            opts = {"partition_bytes": r["partition_bytes"], "credit": r["credit_bytes"]}
+        strategy = make_strategy(r["base"], **opts)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+        kw = {"compression": r["compression"]} if r.get("compression") else {}
+        if r["layerwise"]:
+            opt = bps.ScheduledOptimizer(model, sgd, named_parameters=named, strategy=strategy, **kw)
+        else:
+            opt = bps.DistributedOptimizer(sgd, named_parameters=named, strategy=strategy, model=model, **kw)
+        runs[r["name"]] = (model, opt, strategy, r["layerwise"])
+    times: dict[str, list[list[float]]] = {n: [] for n in runs}
+    for rnd in range(spec["tries"]):
+        for name, (model, opt, _, lw) in runs.items():
+            bps.barrier()
+            warm = spec["warmup"] if rnd == 0 else 1
+            block = []
+            for step in range(warm + spec["steps"]):
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                if lw and step == warm + spec["steps"] - 1:
+                    opt.synchronize()
+                if step >= warm:
+                    block.append(time.perf_counter() - t0)
+            times[name].append(block)
+    plans = {}
+    for name, (_, _, st, _) in runs.items():
+        try:
+            plans[name] = st.describe_plan()
+        except Exception:  # noqa: BLE001 - only fusion/mgwfbp describe a plan
+            pass
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
+                       "t_small": t_small, "plans": plans}, f)
+    if bps.config().backend == "allreduce":
+        from pushpull.torch import allreduce
+
+        allreduce.shutdown()
+    bps.shutdown()
+    return 0
+
+
+# ---------------------------------------------------------------- driver --
+
+def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[dict]:
+    rows = []
+    for r in job["runs"]:
+        blocks = res["times"][r["name"]]
+        flat = [t for b in blocks for t in b]
+        tries = [statistics.median(b) for b in blocks if b]
+        step = statistics.median(flat)
+        row = {k: job[k] for k in ("model", "backend", "workers", "servers", "placement", "bandwidth",
+                                   "bandwidth_bytes_s", "delay", "ratio", "grad_mb", "repeat", "size_scale",
+                                   "compute_scale", "batch_size", "ps_partition_bytes")}
+        row.update({
+            "config": cfg["name"], "strategy": r["name"], "base_strategy": r["base"], "layerwise": r["layerwise"],
+            "partition_bytes": r["partition_bytes"], "credit_bytes": r["credit_bytes"],
+            "compression": r["compression"], "mode": mode, "grad_bytes": res["bytes"], "tensors": res["tensors"],
+            "t_comm_s": res["t_comm"], "t_small_s": res["t_small"],
+            "compute_s": None, "step_s": step, "step_mean_s": statistics.mean(flat),
+            "step_std_s": statistics.stdev(flat) if len(flat) > 1 else 0.0, "try_step_s": tries,
+            "throughput": job["workers"] * job["batch_size"] / step,
+            "try_throughput": [job["workers"] * job["batch_size"] / t for t in tries],
+            "steps": len(flat), "plan": res.get("plans", {}).get(r["name"]), "job_wall_s": wall,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": socket.gethostname(), "cpus": os.cpu_count(),
+        })
+        from pushpull.profiles import load_profile
+
+        row["compute_s"] = load_profile(job["model"]).compute_s * job["compute_scale"]
+        rows.append(row)
+    return rows
+
+
+def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None = None,
+             progress: bool = True, only: int | None = None) -> dict:
+    from tqdm import tqdm
+
+    from pushpull.emulate import EmulatedCluster, launch_job
+
+    jobs = expand(cfg)
+    done = {cell_key(r) for r in read_rows(out)}
+
+    def cells(job):
+        return [dict(job, strategy=r["name"]) for r in job["runs"]]
+
+    pending = [j for j in jobs if any(cell_key(c) not in done for c in cells(j))]
+    if only is not None:
+        pending = pending[:only]
+    skipped = sum(len(j["runs"]) for j in jobs) - sum(len(j["runs"]) for j in pending)
+    stats = {"jobs": len(pending), "cells_skipped": skipped, "cells_run": 0, "failed": 0, "mode": None}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple, list[dict]] = {}
+    for j in pending:
+        groups.setdefault((j["hosts"], j["bandwidth"], j["delay"]), []).append(j)
+    bar = tqdm(total=sum(len(j["runs"]) for j in pending), desc=f"grid {cfg['name']}", unit="cell",
+               disable=not progress, file=sys.stderr)
+    steps = {"steps": int(cfg.get("steps", 4)), "warmup": int(cfg.get("warmup", 4)), "tries": int(cfg.get("tries", 3))}
+    timeout = float(cfg.get("timeout", 600))
+    try:
+        for (hosts, bw, delay), gjobs in groups.items():
+            with EmulatedCluster(hosts, rate=bw, delay=delay, force_loopback=loopback) as cluster:
+                mode = "namespaces" if cluster.emulated else "loopback"
+                stats["mode"] = mode
+                for job in gjobs:
+                    bar.set_postfix_str(f"{job['model']} {job['backend']} n={job['workers']} {bw} "
+                                        f"r={job['ratio']:g} [{mode}]")
+                    with tempfile.TemporaryDirectory(prefix="pushpull-grid-") as tmp:
+                        res_path = os.path.join(tmp, "result.json")
+                        spec = dict(steps, model=job["model"], size_scale=job["size_scale"],
+                                    compute_scale=job["compute_scale"], runs=job["runs"])
+                        argv = [sys.executable, "-m", "pushpull.bench.grid", "--child", json.dumps(spec),
+                                "--result", res_path]
+                        env = {"PUSHPULL_BACKEND": job["backend"],
+                               "BYTEPS_PARTITION_BYTES": str(job["ps_partition_bytes"])}
+                        if cluster.emulated:
+                            env["GLOO_SOCKET_IFNAME"] = cluster.iface
+                        jl = os.path.join(log_dir, f"job{stats['cells_run']}") if log_dir else None
+                        t0 = time.monotonic()
+                        try:
+                            launch_job(cluster, job["workers"], job["servers"], argv, env=env,
+                                       placement=job["placement"], log_dir=jl).wait(timeout)
+                            with open(res_path) as f:
+                                res = json.load(f)
+                        except Exception as ex:  # noqa: BLE001 - one failed job must not end the grid
+                            stats["failed"] += 1
+                            tqdm.write(f"grid: job {job['model']}/{job['backend']}/n={job['workers']}/{bw}/"
+                                       f"r={job['ratio']:g} failed: {str(ex)[-1500:]}", file=sys.stderr)
+                            bar.update(len(job["runs"]))
+                            continue
+                        wall = time.monotonic() - t0
+                    rows = [r for r in _rows_for(job, res, cfg, mode, wall) if cell_key(r) not in done]
+                    with open(out, "a") as f:
+                        for r in rows:
+                            f.write(json.dumps(r) + "\n")
+                    stats["cells_run"] += len(rows)
+                    bar.update(len(job["runs"]))
+    finally:
+        bar.close()
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--child":
+        p = argparse.ArgumentParser()
+        p.add_argument("--child", required=True)
+        p.add_argument("--result", required=True)
+        a = p.parse_args(argv)
+        return child_main(json.loads(a.child), a.result)
+    p = argparse.ArgumentParser(prog="pushpull bench grid", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="grid config (JSON), e.g. benchmarks/configs/bytescheduler_speedup.json")
+    p.add_argument("--out", help="results file (default docs/results/<name>.jsonl)")
+    p.add_argument("--loopback", action="store_true", help="no namespaces: run everything on 127.0.0.1")
+    p.add_argument("--log-dir", help="keep every process's log here")
+    p.add_argument("--max-jobs", type=int, default=None, help="run at most this many pending jobs")
+    p.add_argument("--dry-run", action="store_true", help="list the pending jobs and exit")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config)
+    out = Path(args.out or Path("docs/results") / f"{cfg['name']}.jsonl")
+    if args.dry_run:
+        done = {cell_key(r) for r in read_rows(out)}
+        for j in expand(cfg):
+            todo = [r["name"] for r in j["runs"] if cell_key(dict(j, strategy=r["name"])) not in done]
+            print(f"{j['model']:<12} {j['backend']:<9} n={j['workers']} k={j['servers']} {j['placement']:<9} "
+                  f"{j['bandwidth']:<8} ratio={j['ratio']:<5g} rep={j['repeat']} scale={j['size_scale']:.4g} "
+                  f"compute={j['compute_scale']:.4g} pending={todo}")
+        return 0
+    loop = args.loopback or os.environ.get("PUSHPULL_GRID_LOOPBACK", "") not in ("", "0")
+    stats = run_grid(cfg, out, loopback=loop, log_dir=args.log_dir, progress=not args.no_progress,
+                     only=args.max_jobs)
+    print(f"pushpull bench grid: {cfg['name']}: {stats['cells_run']} cells run, {stats['cells_skipped']} "
+          f"skipped (already in {out}), {stats['failed']} jobs failed; mode {stats['mode'] or '-'}")
+    print(json.dumps(stats))
+    return 1 if stats["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
