@@ -1,0 +1,84 @@
+"""Roles started BytePS-style from DMLC_* variables, and liveness: a node that
+stops answering is declared dead to everyone instead of hanging them."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pushpull.launch.cli import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+BPSLAUNCH = [sys.executable, "-c", "from pushpull.launch.cli import bpslaunch_main; bpslaunch_main()"]
+
+
+def _env(role: str, port: int, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PUSHPULL_"))}
+    env.update({"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+                "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "BYTEPS_LOG_LEVEL": "WARNING"})
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def test_byteps_style_roles_from_dmlc_environment():
+    """The seed scripts' layout: a scheduler, a server and two worker machines, each started by bpslaunch."""
+    port = free_port()
+    worker = [sys.executable, str(ROOT / "tests" / "scripts" / "pp_worker.py"), "rounds", "overlap"]
+    procs = [subprocess.Popen(BPSLAUNCH, env=_env("scheduler", port)),
+             subprocess.Popen(BPSLAUNCH, env=_env("server", port))]
+    workers = [subprocess.Popen(BPSLAUNCH + ["--"] + worker, env=_env("worker", port, DMLC_WORKER_ID=i),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    try:
+        outs = [w.communicate(timeout=90)[0] for w in workers]
+        for w, out in zip(workers, outs):
+            assert w.returncode == 0, out[-2000:]
+            assert "ALL-OK" in out
+        assert "rank 0/2" in outs[0] and "rank 1/2" in outs[1]
+        for p in procs:  # scheduler and server leave on their own once the workers finished
+            assert p.wait(20) == 0
+    finally:
+        for p in procs + workers:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_frozen_server_is_declared_dead_and_named():
+    port = free_port()
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--port", str(port),
+            "--env", "PUSHPULL_HEARTBEAT_TIMEOUT=3", "--env", "PUSHPULL_HEARTBEAT_INTERVAL=0.5", "--",
+            sys.executable, str(ROOT / "tests" / "scripts" / "loop_worker.py")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = None
+    try:
+        lines = []
+        while sum("READY" in ln for ln in lines) < 2:
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        marker = f"DMLC_PS_ROOT_PORT={port}".encode()
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    env = (d / "environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if marker in env and b"DMLC_ROLE=server" in env:
+                    server = int(d.name)
+        assert server, "server process not found"
+        t0 = time.monotonic()
+        os.kill(server, signal.SIGSTOP)  # alive but silent: only heartbeats can tell
+        rest = proc.communicate(timeout=60)[0]
+        took = time.monotonic() - t0
+    finally:
+        if server:
+            try:
+                os.kill(server, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+    errors = [ln for ln in rest.splitlines() if "LIVENESS-ERROR" in ln]
+    assert len(errors) == 2, rest[-3000:]
+    assert all("server 0" in ln for ln in errors), errors
+    assert took < 20, took
