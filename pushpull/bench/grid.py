@@ -40,6 +40,8 @@ Keys (defaults in brackets):
   each round's median is one try (mean +- std in the report).
 * ``repeats`` [1]: separate launches of each job.
 * ``timeout`` [600]: seconds per launch.
+* ``exclude`` [[]]: partial cells to leave out, e.g.
+  ``[{"backend": "allreduce", "placement": "separate"}]``.
 
 A *job* is one launch: all strategies of one (model, backend, workers,
 placement, bandwidth, ratio, repeat) take turns in the same processes. Jobs
@@ -138,6 +140,10 @@ def expand(cfg: dict) -> list[dict]:
             _list(cfg.get("workers"), [4]), _list(cfg.get("placements"), ["colocated"]),
             _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
             range(int(cfg.get("repeats", 1)))):
+        if any(all(str(dict(model=model, backend=backend, workers=n, placement=placement, bandwidth=bw,
+                                ratio=ratio).get(k)) == str(v) for k, v in ex.items())
+               for ex in cfg.get("exclude", [])):
+            continue
         srv = cfg.get("servers", "workers")
         k = n if srv == "workers" else int(srv)
         runs = [s for s in specs if s["backends"] is None or backend in s["backends"]]
