@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pushpull.cluster.assign import part_key
-from pushpull.cluster.member import ClusterError, Member
+from pushpull.cluster.member import Member
 from pushpull.config import Config, WorkerIdentity
 from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json,
@@ -201,7 +201,8 @@ class Engine:
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported; "
                             f"use one of {sorted(DTYPE_NAME[d] for d in SUPPORTED)}")
-        self.member.raise_if_failed()
+        if self.member.failure:
+            raise PushPullError(f"push_pull of tensor {name!r}: {self.member.failure}")
         device = tensor.device
         src = tensor.detach()
         if src.device.type != "cpu":
