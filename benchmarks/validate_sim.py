@@ -1,0 +1,177 @@
+"""Validate the simulator against the emulated-cluster grid results.
+
+    python benchmarks/validate_sim.py docs/results/bytescheduler_speedup.jsonl docs/results/ddl_benchmarks.jsonl \
+        [--write docs/results/simulator.md]
+
+Every measured cell (``pushpull bench grid`` row) is replayed by
+``pushpull.sim.simulate`` with what the cell really ran:
+
+* the profile with the *scaled* tensor sizes (``size_scale``, rounded per
+  tensor exactly as the emulated model builds them) and the row's
+  ``compute_scale``;
+* workers, servers, colocated or separate servers, the link rate, the PS key
+  sharding size (``ps_partition_bytes``), ByteScheduler's partition and credit;
+* layer-wise updates only for ``+lw`` runs (``pushpull.sim.validate.validate``
+  always simulates layer-wise updates, which the plain DistributedOptimizer
+  runs do not do, so this script builds the same ``ValidationTable`` row by
+  row instead of calling it).
+
+Two columns of errors:
+
+* **uncalibrated**: the simulator's defaults: nominal link rate, 50 µs
+  per-message latency, free server summation;
+* **calibrated** with two numbers every job measures on its own cluster
+  before its timed steps (so nothing is fitted to the step times):
+  the per-message cost ``t_small_s`` (median time of a 4 KB reduction; the
+  simulator's PS reduction costs 2 x latency, a ring 2(n-1) x latency, so
+  latency = t_small / 2 or t_small / (2(n-1))) and the effective rate: the
+  link rate scaled so that the simulator's time for one reduction of all the
+  gradient bytes as one buffer equals the measured ``t_comm_s`` (this folds
+  in TCP goodput, 95.5 % of the link rate, and the CPU cost per byte of
+  copies and server summation on the shared cores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from pushpull.profiles import LayerProfile, Profile, TensorSpec, load_profile
+from pushpull.sim.config import ClusterConfig
+from pushpull.sim.engine import simulate
+from pushpull.sim.strategies import ByteScheduler, make_strategy
+from pushpull.sim.validate import ValidationTable
+
+BEGIN = "<!-- validation:begin -->"
+END = "<!-- validation:end -->"
+
+_cache: dict = {}
+
+
+def scaled_profile(model: str, size_scale: float) -> Profile:
+    key = (model, size_scale)
+    if key not in _cache:
+        p = load_profile(model)
+        _cache[key] = Profile(model=p.model, batch_size=p.batch_size, device=p.device, source=p.source, layers=[
+            LayerProfile(l.name, l.fwd_s, l.bwd_s,
+                         [TensorSpec(t.name, max(1, int(round(t.numel * size_scale))), t.dtype) for t in l.tensors])
+            for l in p.layers])
+    return _cache[key]
+
+
+def _cluster(row: dict, bw: float, lat: float) -> ClusterConfig:
+    return ClusterConfig(workers=int(row["workers"]), servers=int(row["servers"]), bandwidth=bw,
+                         backend=row["backend"], latency=lat,
+                         colocated=row.get("placement", "colocated") == "colocated",
+                         ps_partition_bytes=int(row.get("ps_partition_bytes") or 4_096_000))
+
+
+def one_buffer_s(row: dict, bw: float, lat: float) -> float:
+    """The simulator's time for the job's calibration reduction: all gradient bytes as one tensor."""
+    prof = Profile(model="one-buffer", batch_size=1, device="-", source="-",
+                   layers=[LayerProfile("all", 1e-9, 1e-9, [TensorSpec("all", int(row["grad_bytes"]) // 4)])])
+    return simulate(prof, _cluster(row, bw, lat), "bsp", layerwise_update=False, trace=False).iteration_s
+
+
+def calibration(row: dict, with_latency: bool = True) -> tuple[float, float]:
+    """(bandwidth, latency) from the two reductions the job timed before its steps."""
+    n = int(row["workers"])
+    lat = row["t_small_s"] / (2 if row["backend"] == "ps" else 2 * (n - 1)) if with_latency else 50e-6
+    bw = float(row["bandwidth_bytes_s"])
+    for _ in range(3):  # effective rate: the one-buffer reduction takes the measured t_comm
+        bw *= one_buffer_s(row, bw, lat) / row["t_comm_s"]
+    return bw, lat
+
+
+def predict(row: dict, calibrated) -> float:
+    if calibrated:
+        bw, lat = calibration(row, with_latency=calibrated != "rate")
+    else:
+        bw, lat = float(row["bandwidth_bytes_s"]), 50e-6
+    cluster = _cluster(row, bw, lat)
+    strat = make_strategy(row["base_strategy"])
+    if isinstance(strat, ByteScheduler):
+        if row.get("partition_bytes"):
+            strat.partition_bytes = int(row["partition_bytes"])
+        if row.get("credit_bytes"):
+            strat.credit_bytes = math.inf if row["credit_bytes"] >= 1 << 40 else int(row["credit_bytes"])
+    prof = scaled_profile(row["model"], float(row["size_scale"]))
+    res = simulate(prof, cluster, strat, compute_scale=float(row["compute_scale"]),
+                   layerwise_update=bool(row.get("layerwise")), trace=False)
+    return res.iteration_s
+
+
+def table(rows: list[dict], calibrated: bool) -> ValidationTable:
+    t = ValidationTable()
+    for r in rows:
+        pred = predict(r, calibrated)
+        meas = float(r["step_s"])
+        t.rows.append({"model": r["model"], "strategy": r["strategy"], "backend": r["backend"],
+                       "workers": r["workers"], "servers": r["servers"], "bandwidth_bytes_s": r["bandwidth_bytes_s"],
+                       "compute_scale": round(float(r["compute_scale"]), 4), "measured_step_s": meas,
+                       "predicted_step_s": pred, "error": (pred - meas) / meas, "config": r.get("config")})
+    return t
+
+
+def combined_markdown(rows: list[dict], unc: ValidationTable, cal: ValidationTable) -> str:
+    lines = ["| config | model | strategy | backend | n | k | bandwidth | compute x | measured ms | "
+             "predicted ms (uncal.) | error | predicted ms (cal.) | error |",
+             "|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r, u, c in zip(rows, unc.rows, cal.rows):
+        lines.append(f"| {r.get('config')} | {u['model']} | {u['strategy']} | {u['backend']} | {u['workers']} | "
+                     f"{u['servers'] if u['backend'] == 'ps' else '-'} | {r['bandwidth']} | {u['compute_scale']:g} | "
+                     f"{u['measured_step_s'] * 1e3:.0f} | {u['predicted_step_s'] * 1e3:.0f} | "
+                     f"{u['error'] * 100:+.1f} % | {c['predicted_step_s'] * 1e3:.0f} | {c['error'] * 100:+.1f} % |")
+    return "\n".join(lines)
+
+
+def summary(t: ValidationTable, label: str) -> str:
+    w = t.worst
+    return (f"{label}: median absolute error {t.median_abs_error * 100:.1f} % over {len(t.rows)} cells, worst "
+            f"{w['model']}/{w['strategy']}/{w['backend']} {w['error'] * 100:+.1f} %")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="+", help="grid results (JSON lines)")
+    p.add_argument("--write", help="replace the generated part of this page's validation section")
+    p.add_argument("--json", help="also write the per-cell errors here")
+    a = p.parse_args(argv)
+    rows = []
+    for f in a.results:
+        rows += [json.loads(l) for l in Path(f).read_text().splitlines() if l.strip()]
+    rows = [r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")]
+    unc, cal = table(rows, False), table(rows, True)
+    md = combined_markdown(rows, unc, cal)
+    s_unc, s_cal = summary(unc, "uncalibrated"), summary(cal, "calibrated")
+    print(md)
+    print()
+    print(s_unc)
+    print(s_cal)
+    by = {}
+    for r, u, c in zip(rows, unc.rows, cal.rows):
+        by.setdefault((r["backend"], r["base_strategy"]), []).append((u["error"], c["error"]))
+    for k, v in sorted(by.items()):
+        print(f"  {k[0]:<9} {k[1]:<13} n={len(v):2d} median error uncal {statistics.median(e[0] for e in v) * 100:+6.1f} %"
+              f"  cal {statistics.median(e[1] for e in v) * 100:+6.1f} %")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"uncalibrated": unc.rows, "calibrated": cal.rows}, indent=1))
+    if a.write:
+        page = Path(a.write)
+        text = page.read_text()
+        body = (f"{BEGIN}\nGenerated by `python benchmarks/validate_sim.py {' '.join(a.results)} --write {a.write}`.\n\n"
+                f"{md}\n\n* {s_unc}\n* {s_cal}\n{END}")
+        if BEGIN in text:
+            pre, rest = text.split(BEGIN, 1)
+            text = pre + body + rest.split(END, 1)[1]
+        else:
+            raise SystemExit(f"{page}: no {BEGIN} marker; add one to the validation section first")
+        page.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
