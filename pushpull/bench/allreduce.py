@@ -10,8 +10,9 @@ Ratios printed:
 * ``ratio_vs_allreduce`` = all-reduce time / push_pull time (> 1: pushpull faster);
 * ``fraction_of_zmq_ceiling`` = the aggregate rate at which push_pull moves
   bytes through sockets (every worker pushes M and pulls M bytes, 2·n·M in
-  all) divided by the rate two processes reach bouncing large messages with
-  raw pyzmq on the same machine (bytes sent both ways / time).
+  all) divided by the rate two of the same processes reach bouncing M bytes
+  in 4 MiB messages with raw pyzmq (bytes sent both ways / time), measured
+  between the rounds of the same run.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 MiB = 1 << 20
@@ -36,62 +36,52 @@ def resnet50_sizes() -> list[int]:
 
 # ---------------------------------------------------------------- zmq ceiling --
 
-def _echo_server(addr: str, ready: threading.Event, stop: threading.Event) -> None:
-    import zmq
+class ZmqEcho:
+    """Raw pyzmq between ranks 0 and 1 of the job: rank 0 sends ``total_bytes``
+    in ``chunk``-sized messages (``window`` in flight), rank 1 echoes them.
+    Measured between the push_pull and gloo rounds, so all three see the same
+    machine load."""
 
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.ROUTER)
-    s.bind(addr)
-    ready.set()
-    poller = zmq.Poller()
-    poller.register(s, zmq.POLLIN)
-    while not stop.is_set():
-        if poller.poll(100):
-            parts = s.recv_multipart(copy=False)
-            s.send_multipart(parts, copy=False)
-    s.close(0)
+    def __init__(self, rank: int, host: str, port: int, chunk: int = 4 * MiB, window: int = 8):
+        import zmq
 
+        self.rank, self.chunk, self.window = rank, chunk, window
+        self.ctx = zmq.Context()
+        if rank == 1:
+            self.sock = self.ctx.socket(zmq.ROUTER)
+            self.sock.bind(f"tcp://{host}:{port}")
+        else:
+            self.sock = self.ctx.socket(zmq.DEALER)
+            self.sock.connect(f"tcp://{host}:{port}")
+        self.buf = bytearray(os.urandom(1024) * (chunk // 1024))
 
-def zmq_ceiling(total_bytes: int, chunk: int = 4 * MiB, window: int = 8) -> dict:
-    """Bounce ``total_bytes`` through a second process in ``chunk``-sized messages."""
-    import zmq
+    def round(self, total_bytes: int) -> float:
+        """Rank 0: seconds to bounce ``total_bytes`` there and back. Rank 1: echo them."""
+        n = max(1, total_bytes // self.chunk)
+        if self.rank == 1:
+            for _ in range(n):
+                if not self.sock.poll(60_000):
+                    raise RuntimeError("zmq echo: rank 0 sent nothing for 60 s")
+                self.sock.send_multipart(self.sock.recv_multipart(copy=False), copy=False)
+            return 0.0
+        t0 = time.perf_counter()
+        sent = recv = 0
+        while recv < n:
+            while sent < n and sent - recv < self.window:
+                self.sock.send(self.buf, copy=False)
+                sent += 1
+            if not self.sock.poll(60_000):
+                raise RuntimeError("zmq echo: rank 1 did not answer within 60 s")
+            self.sock.recv(copy=False)
+            recv += 1
+        return time.perf_counter() - t0
 
-    from pushpull.launch.cli import free_port
+    def bytes_moved(self, total_bytes: int) -> int:
+        return 2 * max(1, total_bytes // self.chunk) * self.chunk
 
-    port = free_port()
-    addr = f"tcp://127.0.0.1:{port}"
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import sys,threading;from pushpull.bench.allreduce import _echo_server;"
-                              "r=threading.Event();s=threading.Event();_echo_server(sys.argv[1],r,s)", addr])
-    try:
-        ctx = zmq.Context()
-        d = ctx.socket(zmq.DEALER)
-        d.connect(addr)
-        buf = bytearray(os.urandom(1024) * (chunk // 1024))
-        n = max(1, total_bytes // chunk)
-
-        def run() -> float:
-            t0 = time.perf_counter()
-            sent = recv = 0
-            while recv < n:
-                while sent < n and sent - recv < window:
-                    d.send(buf, copy=False)
-                    sent += 1
-                if not d.poll(30_000):
-                    raise RuntimeError("echo process did not answer within 30 s")
-                d.recv(copy=False)
-                recv += 1
-            return time.perf_counter() - t0
-
-        run()  # connect + warm up
-        times = [run() for _ in range(3)]
-        d.close(0)
-        ctx.term()
-    finally:
-        child.kill()
-        child.wait(5)
-    t = statistics.median(times)
-    return {"bytes_each_way": n * chunk, "seconds": t, "rate_Bps": 2 * n * chunk / t}
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
 
 
 # ---------------------------------------------------------------- worker side --
@@ -126,18 +116,27 @@ def child_main(args) -> int:
             w.wait()
         return time.perf_counter() - t0
 
+    echo = ZmqEcho(rank, cfg.root_uri, cfg.root_port + 3) if rank in (0, 1) else None
     pp_round()  # declares keys, warms up
     ar_round()
-    pp, ar = [], []
-    for _ in range(args.repeat):  # interleave so that both see the same machine load
+    if echo:
+        echo.round(nbytes)
+    pp, ar, zq = [], [], []
+    for _ in range(args.repeat):  # interleave so that all three see the same machine load
         bps.barrier()
         pp.append(pp_round())
         dist.barrier()
         ar.append(ar_round())
+        dist.barrier()
+        if echo:
+            zq.append(echo.round(nbytes))
+    if echo:
+        moved = echo.bytes_moved(nbytes)
+        echo.close()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"pushpull_times": pp, "allreduce_times": ar, "bytes": nbytes, "tensors": len(tensors),
-                       "workers": size, "servers": cfg.num_server}, f)
+            json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zq, "zmq_bytes": moved,
+                       "bytes": nbytes, "tensors": len(tensors), "workers": size, "servers": cfg.num_server}, f)
     dist.destroy_process_group()
     bps.shutdown()
     return 0
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         with open(out) as f:
             r = json.load(f)
-    ceiling = zmq_ceiling(r["bytes"])
+    ceiling = {"rate_Bps": r["zmq_bytes"] / statistics.median(r["zmq_times"])}
     pp = statistics.median(r["pushpull_times"])
     ar = statistics.median(r["allreduce_times"])
     pp_rate = 2 * r["workers"] * r["bytes"] / pp
@@ -180,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "pushpull_s": pp, "allreduce_s": ar, "ratio_vs_allreduce": ar / pp,
         "pushpull_rate_GBps": pp_rate / 1e9, "zmq_ceiling_GBps": ceiling["rate_Bps"] / 1e9,
         "fraction_of_zmq_ceiling": pp_rate / ceiling["rate_Bps"],
-        "pushpull_times": r["pushpull_times"], "allreduce_times": r["allreduce_times"],
+        "pushpull_times": r["pushpull_times"], "allreduce_times": r["allreduce_times"], "zmq_times": r["zmq_times"],
     }
     print(f"ResNet-50 gradients: {r['tensors']} tensors, {r['bytes'] / MiB:.1f} MiB, "
           f"{r['workers']} workers, {r['servers']} servers, median of {args.repeat}")
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  all_reduce (gloo)         {ar * 1e3:8.1f} ms")
     print(f"  ratio gloo / pushpull     {ar / pp:8.2f}x")
     print(f"  pushpull socket rate      {pp_rate / 1e9:8.2f} GB/s (2 x workers x bytes / time)")
-    print(f"  raw pyzmq echo ceiling    {ceiling['rate_Bps'] / 1e9:8.2f} GB/s")
+    print(f"  raw pyzmq echo ceiling    {ceiling['rate_Bps'] / 1e9:8.2f} GB/s (ranks 0 and 1, same job)")
     print(f"  fraction of ceiling       {pp_rate / ceiling['rate_Bps']:8.2f}")
     if args.json:
         print(json.dumps(result))

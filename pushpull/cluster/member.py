@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Callable
 
-from pushpull.cluster import nodes
 from pushpull.config import Config
 from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, encode_json
 from pushpull.transport.van import Van
