@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass

@@ -6,7 +6,6 @@ otherwise. The loopback-fallback tests run everywhere.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess

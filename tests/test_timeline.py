@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from pushpull import timeline_cli as tl
 from pushpull.worker import trace

@@ -46,7 +46,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Sequence
 
 log = logging.getLogger(__name__)
