@@ -203,6 +203,26 @@ def _time_reduction(comm, nbytes: int, name: str, reps: int = 3) -> float:
     return statistics.median(times)
 
 
+def _time_stream(comm, nbytes: int, count: int = 16, reps: int = 3) -> float:
+    """Per-message cost in a stream: ``count`` small reductions submitted at once, time / count."""
+    import torch
+
+    bufs = [torch.zeros(max(1, nbytes // 4)) for _ in range(count)]
+
+    def once():
+        hs = [comm.submit(b, f"grid.stream.{i}", 0) for i, b in enumerate(bufs)]
+        for h in hs:
+            comm.wait(h)
+
+    once()  # sets up keys: not timed
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        times.append((time.perf_counter() - t0) / count)
+    return statistics.median(times)
+
+
 def child_main(spec: dict, out: str) -> int:
     import torch
 
@@ -223,8 +243,10 @@ def child_main(spec: dict, out: str) -> int:
     del probe
     t_comm = _time_reduction(comm, nbytes, "grid.all")                 # one reduction of all gradients as one buffer
     t_small = _time_reduction(comm, 4096, "grid.small", reps=5)          # per-message cost: a 4 KB reduction
-    agreed = comm.broadcast_from_root(torch.tensor([t_comm, t_small], dtype=torch.float64), "grid.agree")
-    t_comm, t_small = agreed.tolist()
+    t_stream = _time_stream(comm, 4096)                   # per-message cost when messages pipeline
+    agreed = comm.broadcast_from_root(torch.tensor([t_comm, t_small, t_stream], dtype=torch.float64),
+                                      "grid.agree")
+    t_comm, t_small, t_stream = agreed.tolist()
     x = torch.zeros(1)
     runs = {}
     for r in spec["runs"]:
@@ -266,7 +288,7 @@ def child_main(spec: dict, out: str) -> int:
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
-                       "t_small": t_small, "plans": plans}, f)
+                       "t_small": t_small, "t_stream": t_stream, "plans": plans}, f)
     if bps.config().backend == "allreduce":
         from pushpull.torch import allreduce
 
@@ -291,7 +313,7 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
             "config": cfg["name"], "strategy": r["name"], "base_strategy": r["base"], "layerwise": r["layerwise"],
             "partition_bytes": r["partition_bytes"], "credit_bytes": r["credit_bytes"],
             "compression": r["compression"], "mode": mode, "grad_bytes": res["bytes"], "tensors": res["tensors"],
-            "t_comm_s": res["t_comm"], "t_small_s": res["t_small"],
+            "t_comm_s": res["t_comm"], "t_small_s": res["t_small"], "t_stream_s": res.get("t_stream"),
             "compute_s": None, "step_s": step, "step_mean_s": statistics.mean(flat),
             "step_std_s": statistics.stdev(flat) if len(flat) > 1 else 0.0, "try_step_s": tries,
             "throughput": job["workers"] * job["batch_size"] / step,
