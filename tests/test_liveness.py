@@ -30,13 +30,13 @@ def test_byteps_style_roles_from_dmlc_environment():
     workers = [subprocess.Popen(BPSLAUNCH + ["--"] + worker, env=_env("worker", port, DMLC_WORKER_ID=i),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
     try:
-        outs = [w.communicate(timeout=90)[0] for w in workers]
+        outs = [w.communicate(timeout=150)[0] for w in workers]
         for w, out in zip(workers, outs):
             assert w.returncode == 0, out[-2000:]
             assert "ALL-OK" in out
         assert "rank 0/2" in outs[0] and "rank 1/2" in outs[1]
         for p in procs:  # scheduler and server leave on their own once the workers finished
-            assert p.wait(20) == 0
+            assert p.wait(60) == 0
     finally:
         for p in procs + workers:
             if p.poll() is None:

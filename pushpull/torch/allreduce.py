@@ -167,18 +167,7 @@ class AllReducer:
 
     def wait(self, handle: Handle, timeout: float | None = None) -> torch.Tensor:
         """Block until ``handle`` completes; a failed reducer or the timeout raises, naming the tensor."""
-        limit = timeout or self.timeout
-        deadline = time.monotonic() + limit
-        while not handle.done():
-            if self._error:
-                raise PushPullError(f"all-reduce of tensor {handle.name!r}: {self._error}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                what = handle._describe() if handle._describe else ""
-                raise PushPullError(f"all-reduce of tensor {handle.name!r} did not finish within {limit:.0f}s "
-                                    f"(PUSHPULL_TIMEOUT): {what}")
-            handle._event.wait(min(left, 0.25))
-        return handle.wait(0.0)
+        return handle.wait_alive(timeout or self.timeout, lambda: self._error, op="all-reduce")
 
     def _describe(self, e: _Entry) -> str:
         if e.issued == 0:

@@ -492,15 +492,4 @@ class Engine:
 
     def wait(self, handle: Handle, timeout: float | None = None):
         """Block until ``handle`` completes; a dead cluster or a timeout raises."""
-        total = timeout or self.cfg.timeout
-        deadline = time.monotonic() + total
-        while not handle.done():
-            if self.member.failure:
-                raise PushPullError(f"tensor {handle.name!r}: {self.member.failure}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                what = handle._describe() if handle._describe else "no reply"
-                raise PushPullError(f"push_pull of tensor {handle.name!r} did not finish within {total:.0f}s "
-                                    f"(PUSHPULL_TIMEOUT): {what}")
-            handle._event.wait(min(left, 0.25))
-        return handle.wait(0.0)
+        return handle.wait_alive(timeout or self.cfg.timeout, lambda: self.member.failure)

@@ -42,6 +42,22 @@ class Handle:
             raise PushPullError(self.error)
         return self.output
 
+    def wait_alive(self, timeout: float, failure: Callable[[], str | None], op: str = "push_pull"):
+        """Wait up to ``timeout`` s, checking ``failure()`` (e.g. a dead cluster) four times a
+        second, so that a waiter learns of a failure at once instead of at the timeout."""
+        deadline = time.monotonic() + timeout
+        while not self.done():
+            reason = failure()
+            if reason:
+                raise PushPullError(f"{op} of tensor {self.name!r}: {reason}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                what = self._describe() if self._describe else "no reply"
+                raise PushPullError(f"{op} of tensor {self.name!r} did not finish within {timeout:.0f}s "
+                                    f"(PUSHPULL_TIMEOUT): {what}")
+            self._event.wait(min(left, 0.25))
+        return self.wait(0.0)
+
     def _finish(self, error: str | None = None) -> None:
         with self._lock:
             if self._event.is_set():
