@@ -54,7 +54,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._names = {p: f"push_pull.noname.{i}" for i, p in enumerate(all_params)}
         # forward order: the order of named_parameters (definition order) until a
         # model hook or the first backward tells us better
-        self._order = {p: i for i, p in enumerate(self._names)}
+        listed = [p for _, p in named_parameters] if named_parameters is not None else list(self._names)
+        self._order = {p: i for i, p in enumerate(listed)}
         self._passes: dict[torch.nn.Parameter, int] = {}
         self._submitted: "OrderedDict[torch.nn.Parameter, None]" = OrderedDict()
         self._ready_order: list = []
@@ -68,6 +69,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         eng = ops.engine()
         if eng is not None:
             eng.lr_getter = self._lr_getter
+        # without the model, learn the forward order once from the first backward pass:
+        # gradients become ready in roughly reverse forward order
+        self._learn_order = model is None
         if model is not None:
             self._track_forward_order(model)
         if ops.size() > 1 or ops.config().force_distributed:
@@ -131,6 +135,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._strategy.on_ready(self._names[p], p.grad, self.priority(p))
         self._strategy.on_backward_done()
         self._strategy.wait_all()
+        if self._learn_order and self._ready_order:
+            for i, p in enumerate(reversed(self._ready_order)):
+                self._order[p] = i
+            self._learn_order = False
         self._submitted.clear()
         self._passes.clear()
         self._ready_order.clear()
@@ -182,7 +190,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     ``strategy``: 'wfbp' (default from PUSHPULL_STRATEGY), or another registered
     strategy. ``model``: optional; when given, forward pre-hooks record the
     exact forward order for priorities (otherwise the order of
-    ``named_parameters`` is used).
+    ``named_parameters`` is used for the first step, then the reverse of the
+    order in which the first backward pass produced the gradients).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")

@@ -162,9 +162,29 @@ def case_hang() -> None:
     bps.push_pull(torch.ones(4), name="post")
 
 
+def case_priority() -> None:
+    """Without the model, priorities follow forward order learnt from the first backward,
+    whatever order named_parameters lists the parameters in."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    named = list(model.named_parameters())[::-1]  # output layer first
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named)
+    first, last = model[0].weight, model[4].weight
+    if not opt.priority(first) < opt.priority(last):
+        fail("before any backward the priorities should follow named_parameters")
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+    if not opt.priority(first) > opt.priority(last):
+        fail(f"input layer should be most urgent after the first backward: {opt.priority(first)} "
+             f"vs {opt.priority(last)}")
+
+
 CASES = {
     "dtypes": case_dtypes, "partitions": case_partitions, "many": case_many, "rounds": case_rounds,
-    "overlap": case_overlap, "mismatch": case_mismatch, "hang": case_hang,
+    "overlap": case_overlap, "priority": case_priority, "mismatch": case_mismatch, "hang": case_hang,
 }
 
 
