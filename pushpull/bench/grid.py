@@ -39,6 +39,9 @@ Keys (defaults in brackets):
   strategy within one launch (first round after ``warmup`` [4] untimed steps);
   each round's median is one try (mean +- std in the report).
 * ``repeats`` [1]: separate launches of each job.
+* ``ps_partition_bytes`` [4,096,000 x size scale, at least 64 KiB]: the PS
+  engine's key size (``BYTEPS_PARTITION_BYTES``); keys are spread over the
+  servers, and every key is one push and one pull message.
 * ``timeout`` [600]: seconds per launch.
 * ``exclude`` [[]]: partial cells to leave out, e.g.
   ``[{"backend": "allreduce", "placement": "separate"}]``.
@@ -69,7 +72,7 @@ BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler")
 BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
-              "ratio", "grad_mb", "repeat")
+              "ratio", "grad_mb", "ps_partition_bytes", "repeat")
 
 
 # ---------------------------------------------------------------- config --
@@ -165,7 +168,8 @@ def expand(cfg: dict) -> list[dict]:
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
                      # PS keys sharded at ByteScheduler's size x the size scale (BYTEPS_PARTITION_BYTES)
-                     "ps_partition_bytes": max(65536, int(4_096_000 * size_scale))})
+                     "ps_partition_bytes": int(float(cfg["ps_partition_bytes"])) if cfg.get("ps_partition_bytes")
+                     else max(65536, int(4_096_000 * size_scale))})
     return jobs
 
 
