@@ -52,14 +52,16 @@ def aggregate(rows: list[dict]) -> list[dict]:
                     "compute_scale": rs[0].get("compute_scale"), "size_scale": rs[0].get("size_scale"),
                     "grad_bytes": rs[0].get("grad_bytes"), "t_comm_s": statistics.median(r["t_comm_s"] for r in rs),
                     "compute_s": rs[0].get("compute_s"), "order": min(rows.index(r) for r in rs)})
-    base = {}
+    base, base_name = {}, {}
     for a in out:  # the baseline: wfbp, else the group's first strategy (e.g. wfbp+lw)
         if a["strategy"] == "wfbp" or _gkey(a) not in base:
             if a["strategy"] == "wfbp" or not any(b["strategy"] == "wfbp" and _gkey(b) == _gkey(a) for b in out):
-                base.setdefault(_gkey(a), a["step_s"]) if a["strategy"] != "wfbp" else base.update({_gkey(a): a["step_s"]})
+                if a["strategy"] == "wfbp" or _gkey(a) not in base:
+                    base[_gkey(a)], base_name[_gkey(a)] = a["step_s"], a["strategy"]
     for a in out:
         b = base.get(_gkey(a))
         a["speedup"] = b / a["step_s"] if b else None
+        a["baseline"] = base_name.get(_gkey(a))
     out.sort(key=lambda a: a["order"])
     return out
 
@@ -145,8 +147,8 @@ def plots(rows: list[dict], out_dir: Path, name: str) -> list[str]:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
     ax.set_xticklabels([f"{g[0]}\n{g[1]} n={g[2]}\n{g[5]} r={g[6]:g}" for g in groups], fontsize=7)
-    ax.set_ylabel("speedup over wfbp")
-    ax.set_title(f"{name}: speedup over wfbp")
+    ax.set_ylabel("speedup over wfbp (or the group's first strategy)")
+    ax.set_title(f"{name}: speedup over the baseline")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fn = f"{name}_speedup.png"
@@ -160,7 +162,7 @@ def plots(rows: list[dict], out_dir: Path, name: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 4))
         lines: dict[tuple, list] = {}
         for a in agg:
-            if a["speedup"] is None or a["strategy"] == "wfbp":
+            if a["speedup"] is None or a["strategy"] == a["baseline"]:
                 continue
             k = (a["model"], a["backend"], a["workers"], a["placement"], a["strategy"]) + \
                 ((a["ratio"],) if axis == "bandwidth" else (a["bandwidth"],))
@@ -172,6 +174,11 @@ def plots(rows: list[dict], out_dir: Path, name: str) -> list[str]:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                     label=f"{k[0]} {k[1]} {k[4]}" + (f" r={k[5]:g}" if axis == "bandwidth" else f" {k[5]}"))
         ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(sorted({p[0] for pts in lines.values() for p in pts}))
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("speedup over wfbp")
