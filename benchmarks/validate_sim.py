@@ -11,6 +11,7 @@ Every measured cell (``pushpull bench grid`` row) is replayed by
   ``compute_scale``;
 * workers, servers, colocated or separate servers, the link rate, the PS key
   sharding size (``ps_partition_bytes``), ByteScheduler's partition and credit;
+* repeats of a cell (separate launches) averaged;
 * layer-wise updates only for ``+lw`` runs (``pushpull.sim.validate.validate``
   always simulates layer-wise updates, which the plain DistributedOptimizer
   runs do not do, so this script builds the same ``ValidationTable`` row by
@@ -137,6 +138,26 @@ def summary(t: ValidationTable, label: str) -> str:
             f"{w['model']}/{w['strategy']}/{w['backend']} {w['error'] * 100:+.1f} %")
 
 
+def merge_repeats(rows: list[dict]) -> list[dict]:
+    """One row per cell: repeats of a cell (separate launches) merged, the step time and the calibration
+    probes averaged (``t_stream_s`` over the repeats that measured it)."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = tuple(str(r.get(k)) for k in ("config", "model", "strategy", "backend", "workers", "servers",
+                                              "placement", "bandwidth", "ratio", "grad_mb", "ps_partition_bytes"))
+        cells.setdefault(key, []).append(r)
+    out = []
+    for rs in cells.values():
+        m = dict(rs[0])
+        m["step_s"] = statistics.mean(r["step_s"] for r in rs)
+        for k in ("t_comm_s", "t_small_s", "t_stream_s"):
+            vals = [r[k] for r in rs if r.get(k)]
+            m[k] = statistics.mean(vals) if vals else None
+        m["repeats"] = len(rs)
+        out.append(m)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="+", help="grid results (JSON lines)")
@@ -146,7 +167,7 @@ def main(argv=None) -> int:
     rows = []
     for f in a.results:
         rows += [json.loads(l) for l in Path(f).read_text().splitlines() if l.strip()]
-    rows = [r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")]
+    rows = merge_repeats([r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")])
     tables = [table(rows, False), table(rows, "rate"), table(rows, True)]
     labels = ["uncalibrated", "rate-calibrated", "rate+message-calibrated"]
     md = combined_markdown(rows, tables)
