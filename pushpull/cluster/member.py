@@ -31,11 +31,16 @@ class Member:
     """A node's link to the scheduler. Lives on its owner's :class:`Van`."""
 
     def __init__(self, van: Van, cfg: Config, info: dict,
-                 on_message: Callable[[Msg], None] | None = None):
+                 on_message: Callable[[Msg], None] | None = None,
+                 on_registered: Callable[[dict], None] | None = None):
+        """``on_registered(book)`` runs on the I/O thread as the address book arrives, before
+        any other message is handled there: state that peers' first messages depend on
+        (the number of workers, say) must be set in it, not after :meth:`register` returns."""
         self.van = van
         self.cfg = cfg
         self.info = dict(info, pid=os.getpid(), hostname=socket.gethostname())
         self.on_message = on_message
+        self.on_registered = on_registered
         self.book: dict | None = None
         self.node_id: int | None = None
         self.failure: str | None = None
@@ -127,6 +132,8 @@ class Member:
         if t == MsgType.REGISTER_ACK:
             self.book = decode_json(msg.body())
             self.node_id = int(self.book["node_id"])
+            if self.on_registered:
+                self.on_registered(self.book)
             self._registered.set()
         elif t == MsgType.HEARTBEAT_ACK:
             pass

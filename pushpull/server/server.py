@@ -55,7 +55,9 @@ class Server:
         self.van = Van("server")
         self.host = advertised_host(cfg)
         self.port = self.van.bind_router(SOCK, "0.0.0.0", 0, self._handle)
-        self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port})
+        self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},
+                             on_registered=self._on_registered)
+        self._early: list[tuple[bytes, Msg]] = []  # worker messages that beat our address book
         self.keys: dict[int, KeyState] = {}
         self.pending_inits: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req)}}
         self.num_workers = 0
@@ -68,15 +70,11 @@ class Server:
     def run(self) -> int:
         self.van.start()
         try:
-            book = self.member.register()
+            self.member.register()
         except ClusterError as e:
             log.error("%s", e)
             self.van.stop()
             return 1
-        self.num_workers = int(book["num_workers"])
-        self.node_id = int(book["node_id"])
-        for t in self.threads:
-            t.start()
         log.info("%s ready on %s:%d for %d workers", nodes.describe(self.node_id), self.host, self.port,
                  self.num_workers)
         code = 0
@@ -99,8 +97,22 @@ class Server:
         self._reply(identity, Header(MsgType.ERROR, key=key, req_id=req_id), [encode_json({"error": text})])
 
     # ------------------------------------------------------------ I/O thread --
+    def _on_registered(self, book: dict) -> None:
+        """Runs on the I/O thread: a worker's INIT can arrive as soon as the workers have
+        the book, and must never be counted against an unknown number of workers."""
+        self.num_workers = int(book["num_workers"])
+        self.node_id = int(book["node_id"])
+        for t in self.threads:
+            t.start()
+        early, self._early = self._early, []
+        for identity, msg in early:
+            self._handle(identity, msg)
+
     def _handle(self, identity: bytes, msg: Msg) -> None:
         h = msg.header
+        if self.num_workers == 0:  # before the address book: keep it for later
+            self._early.append((identity, msg))
+            return
         try:
             if h.type == MsgType.INIT:
                 self._init(identity, msg)
