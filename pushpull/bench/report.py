@@ -67,14 +67,18 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 def backend_comparison(agg: list[dict]) -> list[dict]:
-    by = {}
+    """PS cells next to the all-reduce cell of the same model, strategy, workers, bandwidth and ratio
+    (an all-reduce has no servers, so its placement does not matter)."""
+    ar = {}
     for a in agg:
-        by[_gkey(a, drop=("backend", "servers")) + (a["strategy"],), a["backend"]] = a
+        if a["backend"] == "allreduce":
+            ar.setdefault(_gkey(a, drop=("backend", "servers", "placement")) + (a["strategy"],), a)
     res = []
-    for (k, be), a in by.items():
-        if be == "ps" and (k, "allreduce") in by:
-            ar = by[(k, "allreduce")]
-            res.append({**a, "ar_step_s": ar["step_s"], "ps_over_ar": ar["step_s"] / a["step_s"]})
+    for a in agg:
+        if a["backend"] == "ps":
+            b = ar.get(_gkey(a, drop=("backend", "servers", "placement")) + (a["strategy"],))
+            if b:
+                res.append({**a, "ar_step_s": b["step_s"], "ps_over_ar": b["step_s"] / a["step_s"]})
     return res
 
 
