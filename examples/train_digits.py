@@ -96,7 +96,7 @@ def shard(n: int, epoch: int, seed: int, rank: int, size: int) -> torch.Tensor:
 
 
 def worker_momentum(args) -> bool:
-    return str(args.momentum or "none").lower() == "nesterov" and args.compression not in (None, "", "none")
+    return str(args.momentum or "none").lower() == "nesterov"
 
 
 def sgd_momentum(args) -> float:
@@ -111,7 +111,7 @@ def sgd_momentum(args) -> float:
 
 
 def compression_from(args):
-    if args.compression in (None, "", "none"):
+    if args.compression in (None, "", "none") and not worker_momentum(args) and args.ef in (None, "none"):
         return bps.Compression.none
     import importlib.util
 
@@ -213,6 +213,7 @@ def main(argv=None) -> int:
     step_bytes = 0  # bytes this worker pushed inside training steps (gradients only)
     wall0 = time.perf_counter()
     train_time, samples, acc, test_loss = 0.0, 0.0, 0.0, 0.0
+    history: list[float] = []  # test accuracy after each epoch
     for epoch in range(args.epochs):
         idx = shard(len(y_train), epoch, args.seed, rank, size)
         t0 = time.perf_counter()
@@ -236,6 +237,7 @@ def main(argv=None) -> int:
         train_time += time_sum / size
         samples += n
         acc, test_loss = evaluate(model, x_test, y_test, rank, size)
+        history.append(round(acc, 4))
         if bar is not None:
             bar.set_postfix(loss=f"{total_loss / n:.3f}", acc=f"{acc:.3f}", refresh=False)
         if rank == 0:
@@ -255,7 +257,7 @@ def main(argv=None) -> int:
         pushed, step_bytes_sum = reduce_sum([float(eng.stats["bytes_pushed"]), float(step_bytes)], "digits.bytes")
     else:
         compressed_bytes, declared, pushed, step_bytes_sum = 0, grad_bytes, 0.0, 0.0
-    summary = {"test_accuracy": round(acc, 4), "test_loss": round(test_loss, 4),
+    summary = {"test_accuracy": round(acc, 4), "test_loss": round(test_loss, 4), "accuracy_history": history,
                "epochs": args.epochs, "steps": total_steps, "throughput": round(throughput, 1),
                "wall_s": round(wall, 2), "workers": size, "bytes_pushed": int(pushed),
                # per worker and step, gradients only (no evaluation or logging traffic)
