@@ -96,7 +96,17 @@ def child_main(args) -> int:
     rank, size = bps.rank(), bps.size()
     cfg = bps.config()
     os.environ.setdefault("MASTER_ADDR", cfg.root_uri)
-    os.environ.setdefault("MASTER_PORT", str(cfg.root_port + 1))
+    # ports picked free by the rank that binds them and shared through push_pull: a fixed
+    # offset from the scheduler's port can collide with a server's or gloo's own ports
+    from pushpull.launch.cli import free_port
+
+    ports = torch.zeros(2, dtype=torch.int64)
+    if rank == 0:
+        ports[0] = free_port()
+    if rank == 1:
+        ports[1] = free_port()
+    ports = bps.push_pull(ports, average=False, name="bench.ports")
+    os.environ.setdefault("MASTER_PORT", str(int(ports[0])))
     dist.init_process_group("gloo", rank=rank, world_size=size, timeout=__import__("datetime").timedelta(seconds=120))
     sizes = resnet50_sizes()
     tensors = [torch.randn(n) for n in sizes]
@@ -116,7 +126,7 @@ def child_main(args) -> int:
             w.wait()
         return time.perf_counter() - t0
 
-    echo = ZmqEcho(rank, cfg.root_uri, cfg.root_port + 3) if rank in (0, 1) else None
+    echo = ZmqEcho(rank, cfg.root_uri, int(ports[1])) if rank in (0, 1) else None
     pp_round()  # declares keys, warms up
     ar_round()
     if echo:
