@@ -89,16 +89,21 @@ def cmd_launch(args) -> int:
     with _cluster(args, hosts) as c:
         job = launch_job(c, args.workers, args.servers, args.command, placement=args.placement,
                          log_dir=args.log_dir)
-        print(f"logs: {job.log_dir}")
-        try:
-            job.wait(args.timeout)
-        except JobError as e:
-            print(f"job failed: {e}", file=sys.stderr)
-            return 1
-        finally:
-            if args.show_logs:
-                for p in job.procs:
-                    print(f"----- {p.label} (host {p.host}) -----\n{p.tail(20000)}")
+        return _wait_and_report(job, args)
+
+
+def _wait_and_report(job, args) -> int:
+    """Wait for a job started on the cluster; 1 with the failure on stderr if it failed."""
+    print(f"logs: {job.log_dir}")
+    try:
+        job.wait(args.timeout)
+    except JobError as e:
+        print(f"job failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if args.show_logs:
+            for p in job.procs:
+                print(f"----- {p.label} (host {p.host}) -----\n{p.tail(20000)}")
     return 0
 
 
@@ -110,17 +115,7 @@ def cmd_torch(args) -> int:
     with _cluster(args, args.hosts) as c:
         job = launch_torch_job(c, world, args.command, procs_per_host=-(-world // args.hosts),
                                log_dir=args.log_dir)
-        print(f"logs: {job.log_dir}")
-        try:
-            job.wait(args.timeout)
-        except JobError as e:
-            print(f"job failed: {e}", file=sys.stderr)
-            return 1
-        finally:
-            if args.show_logs:
-                for p in job.procs:
-                    print(f"----- {p.label} (host {p.host}) -----\n{p.tail(20000)}")
-    return 0
+        return _wait_and_report(job, args)
 
 
 def main(argv: list[str] | None = None) -> int:
