@@ -35,87 +35,71 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import re
 import statistics
 import sys
 from pathlib import Path
 
-from pushpull.profiles import LayerProfile, Profile, TensorSpec, load_profile
-from pushpull.sim.config import ClusterConfig
+from pushpull.profiles import LayerProfile, Profile, TensorSpec
 from pushpull.sim.engine import simulate
-from pushpull.sim.strategies import ByteScheduler, make_strategy
-from pushpull.sim.validate import ValidationTable
+from pushpull.sim.validate import ValidationTable, cell, validate
 
 BEGIN = "<!-- validation:begin -->"
 END = "<!-- validation:end -->"
-
-_cache: dict = {}
-
-
-def scaled_profile(model: str, size_scale: float) -> Profile:
-    key = (model, size_scale)
-    if key not in _cache:
-        p = load_profile(model)
-        _cache[key] = Profile(model=p.model, batch_size=p.batch_size, device=p.device, source=p.source, layers=[
-            LayerProfile(l.name, l.fwd_s, l.bwd_s,
-                         [TensorSpec(t.name, max(1, int(round(t.numel * size_scale))), t.dtype) for t in l.tensors])
-            for l in p.layers])
-    return _cache[key]
+LABELS = ["uncalibrated", "rate-calibrated", "rate+message-calibrated"]
 
 
-def _cluster(row: dict, bw: float, lat: float) -> ClusterConfig:
-    return ClusterConfig(workers=int(row["workers"]), servers=int(row["servers"]), bandwidth=bw,
-                         backend=row["backend"], latency=lat,
-                         colocated=row.get("placement", "colocated") == "colocated",
-                         ps_partition_bytes=int(row.get("ps_partition_bytes") or 4_096_000))
+def plan_groups(plan: str | None) -> list[int] | None:
+    """``"mgwfbp: 3 buffer(s) of [7, 87, 67] gradients"`` (a grid row's plan) -> [7, 87, 67]."""
+    m = re.search(r"buffer\(s\) of \[([0-9, ]+)\]", plan or "")
+    return [int(x) for x in m.group(1).split(",")] if m else None
 
 
-def one_buffer_s(row: dict, bw: float, lat: float) -> float:
+def replay_row(row: dict) -> dict:
+    """A grid row as :func:`pushpull.sim.validate.validate` takes it: what the cell ran."""
+    return {**row, "measured_step_s": float(row["step_s"]), "bandwidth": float(row["bandwidth_bytes_s"]),
+            "layerwise": bool(row.get("layerwise")), "compute_clock": "deadline",
+            "ps_partition_bytes": int(row.get("ps_partition_bytes") or 4_096_000),
+            "groups": plan_groups(row.get("plan")) if row.get("base_strategy") == "mgwfbp" else None}
+
+
+def one_buffer_s(row: dict) -> float:
     """The simulator's time for the job's calibration reduction: all gradient bytes as one tensor."""
+    _, cluster, _, _ = cell(row)
     prof = Profile(model="one-buffer", batch_size=1, device="-", source="-",
                    layers=[LayerProfile("all", 1e-9, 1e-9, [TensorSpec("all", int(row["grad_bytes"]) // 4)])])
-    return simulate(prof, _cluster(row, bw, lat), "bsp", layerwise_update=False, trace=False).iteration_s
+    return simulate(prof, cluster, "bsp", layerwise_update=False, trace=False).iteration_s
 
 
-def calibration(row: dict, with_latency: bool = True) -> tuple[float, float]:
-    """(bandwidth, latency) from the two reductions the job timed before its steps."""
-    n = int(row["workers"])
-    msg = row.get("t_stream_s") or row["t_small_s"]
-    lat = msg / (2 if row["backend"] == "ps" else 2 * (n - 1)) if with_latency else 50e-6
-    bw = float(row["bandwidth_bytes_s"])
-    for _ in range(3):  # effective rate: the one-buffer reduction takes the measured t_comm
-        bw *= one_buffer_s(row, bw, lat) / row["t_comm_s"]
-    return bw, lat
+def calibrated(row: dict, level: str) -> dict:
+    """``row`` with the cluster's numbers taken from the probes the job ran before its steps.
+
+    * ``message``: the per-message CPU time is the time per reduction in a stream of small
+      ones (``t_stream_s``: the rate at which a worker gets messages through when the wire
+      is idle); the latency is what an isolated small reduction (``t_small_s``) takes beyond
+      that, split over the simulator's latency terms (PS: push + pull; ring: 2(n-1) steps).
+    * ``rate``: the link rate scaled so that the simulator's time for one reduction of all
+      the gradient bytes as one buffer equals the measured ``t_comm_s``.
+    """
+    r = dict(row)
+    if level in ("message", "rate+message"):
+        n = int(row["workers"])
+        msg = row.get("t_stream_s") or row["t_small_s"]
+        hops = 2 if row["backend"] == "ps" else 2 * (n - 1)
+        r["message_s"] = msg
+        r["latency"] = max(50e-6, (row["t_small_s"] - msg) / hops)
+    if level in ("rate", "rate+message"):
+        bw = float(row["bandwidth"])
+        for _ in range(3):   # fixed point: the one-buffer reduction takes the measured t_comm
+            bw *= one_buffer_s({**r, "bandwidth": bw}) / row["t_comm_s"]
+        r["bandwidth"] = bw
+    return r
 
 
-def predict(row: dict, calibrated) -> float:
-    if calibrated:
-        bw, lat = calibration(row, with_latency=calibrated != "rate")
-    else:
-        bw, lat = float(row["bandwidth_bytes_s"]), 50e-6
-    cluster = _cluster(row, bw, lat)
-    strat = make_strategy(row["base_strategy"])
-    if isinstance(strat, ByteScheduler):
-        if row.get("partition_bytes"):
-            strat.partition_bytes = int(row["partition_bytes"])
-        if row.get("credit_bytes"):
-            strat.credit_bytes = math.inf if row["credit_bytes"] >= 1 << 40 else int(row["credit_bytes"])
-    prof = scaled_profile(row["model"], float(row["size_scale"]))
-    res = simulate(prof, cluster, strat, compute_scale=float(row["compute_scale"]),
-                   layerwise_update=bool(row.get("layerwise")), trace=False)
-    return res.iteration_s
-
-
-def table(rows: list[dict], calibrated: bool) -> ValidationTable:
-    t = ValidationTable()
-    for r in rows:
-        pred = predict(r, calibrated)
-        meas = float(r["step_s"])
-        t.rows.append({"model": r["model"], "strategy": r["strategy"], "backend": r["backend"],
-                       "workers": r["workers"], "servers": r["servers"], "bandwidth_bytes_s": r["bandwidth_bytes_s"],
-                       "compute_scale": round(float(r["compute_scale"]), 4), "measured_step_s": meas,
-                       "predicted_step_s": pred, "error": (pred - meas) / meas, "config": r.get("config")})
-    return t
+def tables(rows: list[dict]) -> list[ValidationTable]:
+    base = [replay_row(r) for r in rows]
+    return [validate(base), validate([calibrated(r, "rate") for r in base]),
+            validate([calibrated(r, "rate+message") for r in base])]
 
 
 def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
@@ -127,7 +111,7 @@ def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
         cells = " | ".join(f"{t.rows[i]['predicted_step_s'] * 1e3:.0f} | {t.rows[i]['error'] * 100:+.1f} %"
                            for t in tables)
         lines.append(f"| {r.get('config')} | {u['model']} | {u['strategy']} | {u['backend']} | {u['workers']} | "
-                     f"{u['servers'] if u['backend'] == 'ps' else '-'} | {r['bandwidth']} | {u['compute_scale']:g} | "
+                     f"{u['servers'] if u['backend'] == 'ps' else '-'} | {r['bandwidth']} | {round(u['compute_scale'], 4):g} | "
                      f"{u['measured_step_s'] * 1e3:.0f} | {cells} |")
     return "\n".join(lines)
 
@@ -144,7 +128,8 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
         key = tuple(str(r.get(k)) for k in ("config", "model", "strategy", "backend", "workers", "servers",
-                                              "placement", "bandwidth", "ratio", "grad_mb", "ps_partition_bytes"))
+                                              "placement", "bandwidth", "ratio", "grad_mb", "ps_partition_bytes",
+                                              "plan"))
         cells.setdefault(key, []).append(r)
     out = []
     for rs in cells.values():
@@ -168,16 +153,16 @@ def main(argv=None) -> int:
     for f in a.results:
         rows += [json.loads(l) for l in Path(f).read_text().splitlines() if l.strip()]
     rows = merge_repeats([r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")])
-    tables = [table(rows, False), table(rows, "rate"), table(rows, True)]
-    labels = ["uncalibrated", "rate-calibrated", "rate+message-calibrated"]
-    md = combined_markdown(rows, tables)
-    sums = [summary(t, l) for t, l in zip(tables, labels)]
+    tabs = tables(rows)
+    labels = LABELS
+    md = combined_markdown(rows, tabs)
+    sums = [summary(t, l) for t, l in zip(tabs, labels)]
     print(md)
     print()
     print("\n".join(sums))
     by = {}
     for i, r in enumerate(rows):
-        by.setdefault((r["backend"], r["base_strategy"]), []).append([t.rows[i]["error"] for t in tables])
+        by.setdefault((r["backend"], r["base_strategy"]), []).append([t.rows[i]["error"] for t in tabs])
     groups = ["| backend | strategy | cells | " + " | ".join(f"median error, {l}" for l in labels) + " |",
               "|---|---|---:|" + "---:|" * len(labels)]
     for k, v in sorted(by.items()):
@@ -185,7 +170,8 @@ def main(argv=None) -> int:
             f"{statistics.median(e[j] for e in v) * 100:+.1f} %" for j in range(len(labels))) + " |")
     print("\n".join(groups))
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(zip(labels, (t.rows for t in tables))), indent=1))
+        Path(a.json).write_text(json.dumps(dict(zip(labels, ([{k: v for k, v in r.items() if k != "cell"}
+                                                               for r in t.rows] for t in tabs))), indent=1))
     if a.write:
         page = Path(a.write)
         text = page.read_text()

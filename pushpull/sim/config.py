@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 BACKENDS = ("ps", "allreduce")
+COMPUTE_CLOCKS = ("sequential", "deadline")
 
 # ---------------------------------------------------------------------------
 # unit parsing
@@ -125,6 +126,7 @@ class ClusterConfig:
     sum_rate: float | None = None       # server summation, input bytes/s; None -> free
     ps_partition_bytes: int = 4_096_000 # PS shards keys at this size (BYTEPS_PARTITION_BYTES)
     local_size: int = 1                 # devices per worker machine
+    message_s: float = 0.0              # per-message CPU time on a worker (FIFO, overlaps the wire)
 
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -149,6 +151,8 @@ class ClusterConfig:
             raise ValueError(f"ps_partition_bytes must be an integer >= 1, got {self.ps_partition_bytes!r}")
         if not isinstance(self.local_size, int) or self.local_size < 1:
             raise ValueError(f"local_size must be an integer >= 1, got {self.local_size!r}")
+        if not (self.message_s >= 0) or math.isinf(self.message_s):
+            raise ValueError(f"message_s must be a finite number >= 0 s, got {self.message_s!r}")
         if self.colocated and self.servers > self.workers:
             raise ValueError(f"servers: colocated mode puts one server on each of the first "
                              f"{self.workers} worker machines; got servers={self.servers}")
@@ -209,8 +213,11 @@ class SimOptions:
     iterations: int = 3             # iterations laid out in the trace; the last one is reported
     compute_scale: float = 1.0      # multiply profile compute times (GPU k x faster: 1/k)
     trace: bool = True              # keep per-event records for write_trace()
+    compute_clock: str = "sequential"   # "deadline": forward layers end at fixed offsets (sleep replay)
 
     def __post_init__(self):
+        if self.compute_clock not in COMPUTE_CLOCKS:
+            raise ValueError(f"compute_clock must be one of {COMPUTE_CLOCKS}, got {self.compute_clock!r}")
         if self.iterations < 2:
             raise ValueError(f"iterations must be >= 2 (one warm-up, one steady), got {self.iterations!r}")
         if not (self.compute_scale >= 0) or math.isinf(self.compute_scale):

@@ -96,11 +96,14 @@ class SimResult:
 # ---------------------------------------------------------------------------
 
 class _TaskState:
-    __slots__ = ("task", "seq", "raw", "payload", "codec", "pieces_left", "rec", "layers")
+    __slots__ = ("task", "seq", "raw", "payload", "codec", "pieces_left", "acks_left", "holds_credit", "rec",
+                 "layers")
 
     def __init__(self, task: CommTask, seq: int, raw: int, payload: float, codec: float, layers):
         self.task, self.seq, self.raw, self.payload, self.codec = task, seq, raw, payload, codec
         self.pieces_left = 0
+        self.acks_left = 0
+        self.holds_credit = False
         self.rec: dict = {"pieces": []}
         self.layers = layers
 
@@ -152,6 +155,7 @@ class CommPhase:
         self.queue: list = []
         self.inflight = 0
         self.codec_free = 0.0
+        self.msg_free = 0.0          # the worker's per-message CPU stage (ClusterConfig.message_s)
         self.admissions: list[tuple[float, int, int]] = []   # (t, inflight before, bytes)
         n, k = cluster.workers, cluster.servers
         if cluster.backend == "ps":
@@ -204,6 +208,7 @@ class CommPhase:
             st = heapq.heappop(self.queue)[-1]
             self.admissions.append((self.now, self.inflight, st.raw))
             self.inflight += st.raw
+            st.holds_credit = True
             st.rec["admit"] = self.now
             st.rec["order"] = len(self.admissions) - 1
             self._compress(st)
@@ -232,27 +237,46 @@ class CommPhase:
         else:
             self._done(st)
 
+    def _return_credit(self, st: _TaskState) -> None:
+        if st.holds_credit:
+            st.holds_credit = False
+            self.inflight -= st.raw
+            st.rec["credit"] = self.now
+            self._admit()
+
     def _done(self, st: _TaskState) -> None:
         st.rec["done"] = self.now
-        self.inflight -= st.raw
         for li, b in st.layers.items():
             self.layer_left[li] -= b
             if self.layer_left[li] == 0:
                 self.layer_update[li] = self.now
-        self._admit()
+        self._return_credit(st)
+
+    def _message_cpu(self) -> float:
+        """Reserve the worker's per-message CPU stage; returns when the message may go."""
+        c = self.cluster.message_s
+        if c <= 0:
+            return self.now
+        start = max(self.now, self.msg_free)
+        self.msg_free = start + c
+        return self.msg_free
 
     # -- backends ---------------------------------------------------------------
     def _send(self, st: _TaskState) -> None:
         st.rec["send"] = self.now
         if self.net is None:
-            s, e = self.ring.reserve(self.now, st.payload)
+            go = self._message_cpu()
+            if go > self.now:
+                st.rec["cpu"] = (go - self.cluster.message_s, go)
+            s, e = self.ring.reserve(go, st.payload)
             st.rec["allreduce"] = (s, e)
             self.at(e, self._finish, st)
             return
         cl = self.cluster
-        part = cl.ps_partition_bytes
+        part = self.strategy.ps_key_bytes(cl)
         npieces = max(1, math.ceil(st.raw / part))
         st.pieces_left = npieces
+        st.acks_left = npieces
         for j in range(npieces):
             raw = min(part, st.raw - j * part)
             frac = raw / st.raw
@@ -261,15 +285,31 @@ class CommPhase:
             self.server_load[s] += raw
             piece = {"server": s, "raw": raw, "payload": st.payload * frac, "codec": st.codec * frac}
             st.rec["pieces"].append(piece)
-            msg = Message(piece["payload"], lambda t, st=st, p=piece: self._pushed(st, p, t))
-            msg.tag = piece
-            piece["push_enq"] = self.now
-            self.net.send(("push", s), msg)
-            piece["msg"] = msg
+            go = self._message_cpu()
+            if go > self.now:
+                piece["cpu"] = (go - cl.message_s, go)
+                self.at(go, self._push, st, piece)
+            else:
+                self._push(st, piece)
+
+    def _push(self, st: _TaskState, piece: dict) -> None:
+        msg = Message(piece["payload"], lambda t, st=st, p=piece: self._pushed(st, p, t))
+        msg.tag = piece
+        piece["push_enq"] = self.now
+        self.net.send(("push", piece["server"]), msg)
+        piece["msg"] = msg
 
     def _pushed(self, st: _TaskState, piece: dict, t: float) -> None:
-        piece["push"] = (piece["msg"].started, t + self.cluster.latency)
-        self.at(t + self.cluster.latency, self._sum, st, piece)
+        lat = self.cluster.latency
+        piece["push"] = (piece["msg"].started, t + lat)
+        self.at(t + lat, self._sum, st, piece)
+        if self.disc.credit_release == "push":
+            self.at(t + 2 * lat, self._push_acked, st)   # the acknowledgement travels back
+
+    def _push_acked(self, st: _TaskState) -> None:
+        st.acks_left -= 1
+        if st.acks_left == 0:
+            self._return_credit(st)
 
     def _sum(self, st: _TaskState, piece: dict) -> None:
         cl = self.cluster
@@ -340,17 +380,20 @@ def ready_stream(profile: Profile) -> tuple[list[ReadyTensor], list[float]]:
 
 def simulate(profile: Profile, cluster: ClusterConfig, strategy: "Strategy | str" = "wfbp", *,
              layerwise_update: bool = True, iterations: int = 3, compute_scale: float = 1.0,
-             trace: bool = True, options: SimOptions | None = None) -> SimResult:
+             trace: bool = True, compute_clock: str = "sequential",
+             options: SimOptions | None = None) -> SimResult:
     """Predict the steady-state iteration of ``profile`` on ``cluster`` under ``strategy``.
 
     ``strategy`` is a Strategy instance or a name (``bsp``, ``wfbp``,
     ``fusion``, ``mgwfbp``, ``bytescheduler``). ``compute_scale`` multiplies
     the profile's compute times; ``layerwise_update=False`` makes the next
-    forward wait for every gradient instead of only its own layer's.
+    forward wait for every gradient instead of only its own layer's;
+    ``compute_clock="deadline"`` lets the forward catch up the time it waited
+    for updates (the emulated cluster's sleep replay, see SimOptions).
     """
     if options is None:
         options = SimOptions(layerwise_update=layerwise_update, iterations=iterations,
-                             compute_scale=compute_scale, trace=trace)
+                             compute_scale=compute_scale, trace=trace, compute_clock=compute_clock)
     if not isinstance(profile, Profile):
         raise TypeError(f"profile: expected a pushpull.profiles.Profile, got {type(profile).__name__}")
     if not isinstance(cluster, ClusterConfig):
@@ -374,12 +417,21 @@ def simulate(profile: Profile, cluster: ClusterConfig, strategy: "Strategy | str
     upd = phase.layer_update
     all_done = max([u for u in upd if u > -INF], default=-INF)
     t = bwd
-    fwd_start = []
+    fwd_start, fwd_dur = [], []
+    # "deadline": the forward's clock starts when the forward is called (at
+    # once with layer-wise updates, after every update without) and layer l
+    # ends no earlier than clock start + fwd of layers 0..l: time spent
+    # waiting for an update is caught up, as the emulated cluster's sleep
+    # replay (pushpull.bench.emulated_model) does
+    clock = bwd if options.layerwise_update else max(bwd, all_done)
     for li, layer in enumerate(prof.layers):
         gate = upd[li] if options.layerwise_update else all_done
         t = max(t, gate)
         fwd_start.append(t - bwd)          # relative to the end of the backward
-        t += layer.fwd_s
+        clock += layer.fwd_s
+        end = max(t, clock) if options.compute_clock == "deadline" else t + layer.fwd_s
+        fwd_dur.append(end - t)
+        t = end
     iteration = t                          # next backward starts at t
     compute = prof.compute_s
     admits = [st.rec["admit"] for st in phase.states]
@@ -395,7 +447,8 @@ def simulate(profile: Profile, cluster: ClusterConfig, strategy: "Strategy | str
         layer_update_s=list(upd), iterations=options.iterations,
     )
     if options.trace:
-        res._trace = {"profile": prof, "phase": phase, "fwd_start": fwd_start, "cluster": cluster}
+        res._trace = {"profile": prof, "phase": phase, "fwd_start": fwd_start, "fwd_dur": fwd_dur,
+                      "cluster": cluster}
     return res
 
 
@@ -439,7 +492,7 @@ def _write_trace(res: SimResult, path: Path) -> Path:
         end_bwd = t
         for li, layer in enumerate(prof.layers):
             s = end_bwd + fwd_start[li]
-            w.complete("compute", f"fwd {layer.name}", s * us, layer.fwd_s * us, cat="compute",
+            w.complete("compute", f"fwd {layer.name}", s * us, tr["fwd_dur"][li] * us, cat="compute",
                        args={"iteration": it + 1})
         for st in phase.states:
             rec = st.rec
@@ -455,12 +508,19 @@ def _write_trace(res: SimResult, path: Path) -> Path:
                      "admit_order": rec["order"]})
             if "compress" in rec:
                 ev(name, "compress", *rec["compress"], cat="codec")
+            if "credit" in rec:   # admission to the return of its credit
+                ev(name, "credit", rec["admit"], rec["credit"], cat="credit",
+                   args={**a, "admit_order": rec["order"]})
+            if "cpu" in rec:
+                ev(name, "cpu", *rec["cpu"], cat="cpu")
             if "allreduce" in rec:
                 ev(name, "allreduce", *rec["allreduce"])
             pieces = rec["pieces"]
             for j, p in enumerate(pieces):
                 track = name if len(pieces) == 1 else f"{name}#{j}"
                 pa = {"iteration": it, "server": p["server"], "bytes": p["raw"]}
+                if "cpu" in p:
+                    ev(track, "cpu", *p["cpu"], cat="cpu", args=pa)
                 ev(track, "push", *p["push"], args=pa)
                 ev(track, "pull", *p["pull"], args=pa)
                 if "sum" in p:

@@ -11,12 +11,14 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from pushpull.profiles import Profile, load_profile
-from pushpull.sim.config import ClusterConfig, format_bandwidth, parse_bandwidth, parse_bytes, parse_duration
+from pushpull.profiles import LayerProfile, Profile, TensorSpec, load_profile
+from pushpull.sim.config import (ClusterConfig, SimOptions, format_bandwidth, parse_bandwidth, parse_bytes,
+                                 parse_duration)
 from pushpull.sim.engine import simulate
-from pushpull.sim.strategies import ByteScheduler, make_strategy
+from pushpull.sim.strategies import MGWFBP, ByteScheduler, make_strategy
 
 REQUIRED = ("model", "strategy", "backend", "workers", "bandwidth", "measured_step_s")
+UNLIMITED = 1 << 40   # the benchmark grid's "whole" / "inf"
 
 
 @dataclass
@@ -50,52 +52,110 @@ class ValidationTable:
         return "\n".join(lines)
 
 
+def scaled_profile(profile: Profile, size_scale: float) -> Profile:
+    """``profile`` with every tensor's element count times ``size_scale``, rounded per tensor
+    (at least one element) exactly as the emulated cluster's model builds its parameters."""
+    if size_scale == 1.0:
+        return profile
+    return Profile(model=profile.model, batch_size=profile.batch_size, device=profile.device,
+                   source=profile.source, layers=[
+                       LayerProfile(l.name, l.fwd_s, l.bwd_s,
+                                    [TensorSpec(t.name, max(1, int(round(t.numel * size_scale))), t.dtype)
+                                     for t in l.tensors])
+                       for l in profile.layers])
+
+
+def _credit(v, where: str) -> float:
+    if isinstance(v, str):
+        if v.lower() in ("inf", "none", "unlimited", "whole"):
+            return math.inf
+        return float(parse_bytes(v, where))
+    return math.inf if v >= UNLIMITED else float(v)
+
+
+def cell(row: dict, i: int = 0, profiles: dict | None = None, latency: float = 50e-6):
+    """(profile, cluster, strategy, options) that replay one measured cell; see :func:`validate`."""
+    where = f"measured_rows[{i}]"
+    cache = profiles if profiles is not None else {}
+    prof = row.get("profile")
+    if prof is None:
+        model = str(row["model"])
+        if model not in cache:
+            cache[model] = load_profile(model)
+        prof = cache[model]
+    scale = float(row.get("size_scale") or 1.0)
+    if scale != 1.0:
+        key = (id(prof), scale)
+        if key not in cache:
+            cache[key] = scaled_profile(prof, scale)
+        prof = cache[key]
+    bw = parse_bandwidth(row["bandwidth"], f"{where}.bandwidth")
+    lat = parse_duration(row.get("latency", latency), f"{where}.latency")
+    msg = parse_duration(row.get("message_s") or 0.0, f"{where}.message_s")
+    servers = row.get("servers")
+    colocated = bool(row.get("colocated", row.get("placement") == "colocated"))
+    extra = {}
+    if row.get("ps_partition_bytes"):
+        extra["ps_partition_bytes"] = int(parse_bytes(row["ps_partition_bytes"], f"{where}.ps_partition_bytes"))
+    cluster = ClusterConfig(workers=int(row["workers"]), servers=int(servers) if servers else None, bandwidth=bw,
+                            backend=str(row["backend"]), latency=lat, colocated=colocated,
+                            local_size=int(row.get("local_size", 1)), message_s=msg, **extra)
+    strat = make_strategy(str(row.get("base_strategy") or row["strategy"]))
+    if isinstance(strat, ByteScheduler):
+        if row.get("partition_bytes"):
+            p = row["partition_bytes"]
+            strat.partition_bytes = (int(p) if not isinstance(p, str) else parse_bytes(p, f"{where}.partition_bytes"))
+            if strat.partition_bytes >= UNLIMITED:
+                strat.partition_bytes = UNLIMITED   # "whole": every tensor is one partition
+        if row.get("credit_bytes"):
+            strat.credit_bytes = _credit(row["credit_bytes"], f"{where}.credit_bytes")
+    if isinstance(strat, MGWFBP) and row.get("groups"):
+        strat.plan = [int(g) for g in row["groups"]]
+    opts = SimOptions(layerwise_update=bool(row.get("layerwise", True)),
+                      compute_scale=float(row.get("compute_scale", 1.0)), trace=False,
+                      compute_clock=str(row.get("compute_clock", "sequential")))
+    return prof, cluster, strat, opts
+
+
 def validate(measured_rows, profiles: dict[str, Profile] | None = None, latency: float = 50e-6) -> ValidationTable:
-    """Simulate every measured cell and compare.
+    """Simulate every measured cell as it ran and compare.
 
     Each row is a dict with ``model`` (shipped profile name or path),
     ``strategy``, ``backend``, ``workers``, ``servers``, ``bandwidth``
-    (``10gbit`` or bytes/s), ``compute_scale`` and ``measured_step_s``;
-    optional ``latency``, ``partition_bytes``, ``credit_bytes``,
-    ``colocated``, ``local_size``. ``profiles`` maps
-    model names to Profile objects to use instead of loading them.
-    ``error`` is (predicted - measured) / measured.
+    (``10gbit`` or bytes/s: the nominal rate or a measured effective one) and
+    ``measured_step_s``. What the cell ran, all optional:
+
+    * ``profile`` (a Profile, instead of loading ``model``), ``size_scale``
+      (tensor sizes scaled as the emulated model scales them), ``compute_scale``;
+    * ``base_strategy`` (what to simulate when ``strategy`` is a label such as
+      ``bytescheduler+lw``), ``partition_bytes``, ``credit_bytes`` (``inf``
+      or >= 2**40: unlimited; a partition >= 2**40: whole tensors), ``groups``
+      (MG-WFBP buffer sizes in gradients, ready order: the plan the run used);
+    * ``layerwise`` (default True: layer-wise updates), ``compute_clock``
+      (``deadline`` for the emulated cluster's sleep replay);
+    * ``colocated`` or ``placement``, ``local_size``, ``ps_partition_bytes``;
+    * calibration: ``latency`` (s per message), ``message_s`` (per-message
+      CPU time, see ClusterConfig).
+
+    ``profiles`` maps model names to Profile objects to use instead of
+    loading them. ``error`` is (predicted - measured) / measured; every other
+    key of the row is kept in the result row under ``cell``.
     """
-    cache: dict[str, Profile] = dict(profiles or {})
+    cache: dict = dict(profiles or {})
     table = ValidationTable()
     for i, row in enumerate(measured_rows):
         missing = [k for k in REQUIRED if k not in row]
         if missing:
             raise ValueError(f"measured_rows[{i}]: missing {', '.join(missing)}")
-        model = str(row["model"])
-        if model not in cache:
-            cache[model] = load_profile(model)
-        prof = cache[model]
-        bw = parse_bandwidth(row["bandwidth"], f"measured_rows[{i}].bandwidth")
-        lat = parse_duration(row.get("latency", latency), f"measured_rows[{i}].latency")
-        workers = int(row["workers"])
-        servers = row.get("servers")
-        cluster = ClusterConfig(workers=workers, servers=int(servers) if servers else None, bandwidth=bw,
-                                backend=str(row["backend"]), latency=lat,
-                                colocated=bool(row.get("colocated", False)),
-                                local_size=int(row.get("local_size", 1)))
-        strat = make_strategy(str(row["strategy"]))
-        if isinstance(strat, ByteScheduler):
-            if row.get("partition_bytes"):
-                strat.partition_bytes = parse_bytes(row["partition_bytes"], f"measured_rows[{i}].partition_bytes")
-            c = row.get("credit_bytes")
-            if c:
-                strat.credit_bytes = (math.inf if str(c).lower() in ("inf", "none")
-                                      else parse_bytes(c, f"measured_rows[{i}].credit_bytes"))
-        scale = float(row.get("compute_scale", 1.0))
         measured = float(row["measured_step_s"])
         if not measured > 0:
             raise ValueError(f"measured_rows[{i}].measured_step_s must be > 0, got {row['measured_step_s']!r}")
-        res = simulate(prof, cluster, strat, compute_scale=scale, trace=False)
+        prof, cluster, strat, opts = cell(row, i, cache, latency)
+        res = simulate(prof, cluster, strat, options=opts)
         table.rows.append({
-            "model": model, "strategy": strat.name, "backend": cluster.backend, "workers": workers,
-            "servers": cluster.servers, "bandwidth_bytes_s": bw, "compute_scale": scale,
-            "measured_step_s": measured, "predicted_step_s": res.iteration_s,
-            "error": (res.iteration_s - measured) / measured,
+            "model": str(row["model"]), "strategy": str(row["strategy"]), "backend": cluster.backend,
+            "workers": cluster.workers, "servers": cluster.servers, "bandwidth_bytes_s": cluster.bandwidth,
+            "compute_scale": opts.compute_scale, "measured_step_s": measured, "predicted_step_s": res.iteration_s,
+            "error": (res.iteration_s - measured) / measured, "cell": row,
         })
     return table

@@ -52,9 +52,15 @@ class Discipline:
 
     ``credit_bytes``: a task is admitted while the bytes in flight are below
     it (None = unlimited); nothing admitted is ever pre-empted.
+    ``credit_release``: when a task's credit comes back: ``"done"`` when it
+    is reduced, ``"push"`` when the servers acknowledged every push of it
+    (pushpull's and BytePS' worker engine: holding credit until the pull,
+    which waits for the slowest worker, would deadlock workers that admit in
+    different orders).
     """
     by_priority: bool = False
     credit_bytes: float | None = None
+    credit_release: str = "done"
 
 
 @dataclass
@@ -77,6 +83,10 @@ class Strategy:
 
     def discipline(self, cluster: ClusterConfig) -> Discipline:
         return Discipline()
+
+    def ps_key_bytes(self, cluster: ClusterConfig) -> int:
+        """Size of the PS keys a task is sharded into (one push and one pull each)."""
+        return cluster.ps_partition_bytes
 
     def describe(self) -> str:
         return self.name

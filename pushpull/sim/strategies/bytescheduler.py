@@ -8,6 +8,12 @@ network queue short, so a partition of an early layer that becomes ready
 late overtakes everything still waiting; nothing admitted is pre-empted.
 Defaults follow ByteScheduler: 1M / 4M float32 elements (partition /
 credit) for PS, 8M / 16M for all-reduce.
+
+Over PS, as in pushpull's worker engine and BytePS, a partition *is* a key:
+it goes whole to one server (one push, one pull), and its credit comes back
+with the push acknowledgement, not when its pull completes. A partition
+larger than the credit is sent alone (stop-and-wait: nothing else starts
+until its acknowledgement).
 """
 from __future__ import annotations
 
@@ -41,7 +47,11 @@ class ByteScheduler(Strategy):
 
     def discipline(self, cluster: ClusterConfig) -> Discipline:
         _, credit = self.resolved(cluster)
-        return Discipline(by_priority=True, credit_bytes=None if math.isinf(credit) else credit)
+        return Discipline(by_priority=True, credit_bytes=None if math.isinf(credit) else credit,
+                          credit_release="push" if cluster.backend == "ps" else "done")
+
+    def ps_key_bytes(self, cluster: ClusterConfig) -> int:
+        return self.resolved(cluster)[0]
 
     def tasks(self, ctx: StrategyContext) -> list[CommTask]:
         part, _ = self.resolved(ctx.cluster)

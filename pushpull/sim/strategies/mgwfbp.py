@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pushpull.sim.strategies.base import CommTask, Strategy, StrategyContext
+from pushpull.sim.strategies.base import CommTask, Strategy, StrategyContext, group_name
 
 SMALL_ELEMENTS = 8192
 
@@ -71,7 +71,10 @@ def mgwfbp_merge(bwd_times: list[float], sizes_bytes: list[float], alpha: float,
 
 @dataclass
 class MGWFBP(Strategy):
+    """``plan``: buffer sizes in gradients, in ready order (output side first), to
+    replay a plan a real run settled on instead of deciding one; see :meth:`tasks`."""
     small_elements: int = SMALL_ELEMENTS
+    plan: list[int] | None = None
     name = "mgwfbp"
 
     def groups(self, ctx: StrategyContext) -> list[list[int]]:
@@ -85,6 +88,8 @@ class MGWFBP(Strategy):
         return mgwfbp_merge(bwd, sizes, alpha, beta, small_bytes=self.small_elements * 4)
 
     def tasks(self, ctx: StrategyContext) -> list[CommTask]:
+        if self.plan is not None:
+            return self._planned_tasks(ctx)
         by_layer: dict[int, list] = {}
         for t in ctx.ready:
             if t.nbytes > 0:
@@ -99,4 +104,19 @@ class MGWFBP(Strategy):
             name = f"mg{len(tasks)}[{names[group[0]]}]" if len(group) == 1 else \
                 f"mg{len(tasks)}[{names[group[0]]}..{names[group[-1]]}]"
             tasks.append(CommTask(name, release, [(t.index, t.nbytes) for t in members]))
+        return tasks
+
+    def _planned_tasks(self, ctx: StrategyContext) -> list[CommTask]:
+        """The live strategy's buffers: consecutive gradients in ready order, each buffer
+        launched when its last gradient is ready."""
+        ready = [t for t in ctx.ready if t.nbytes > 0]
+        if sum(self.plan) != len(ready) or min(self.plan, default=1) < 1:
+            raise ValueError(f"mgwfbp plan {self.plan}: buffer sizes must be >= 1 and add up to the "
+                             f"{len(ready)} gradients")
+        tasks, i = [], 0
+        for size in self.plan:
+            members = ready[i:i + size]
+            i += size
+            tasks.append(CommTask(group_name("mg", len(tasks), members), max(t.ready_s for t in members),
+                                  [(t.index, t.nbytes) for t in members]))
         return tasks
