@@ -387,3 +387,72 @@ def test_profile_is_not_mutated():
     simulate(prof, ClusterConfig(workers=2, bandwidth=B), "mgwfbp", compute_scale=0.5)
     assert prof.to_dict() == before
     assert isinstance(prof, Profile)
+
+
+# ---------------------------------------------------------------------------
+# terms added for the emulated-cluster validation (all off by default)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["ps", "allreduce"])
+def test_message_cost_is_a_pipelined_stage(backend):
+    # 200 tiny tensors: the per-message stage is the bottleneck, 200 * message_s;
+    # one big tensor: the stage overlaps nothing but its own start, so it adds message_s once
+    msg = 1e-3
+    cl = dict(workers=4, servers=4, bandwidth=B, latency=0.0, backend=backend)
+    tiny = synthetic_profile([16] * 200)
+    r = simulate(tiny, ClusterConfig(**cl, message_s=msg), "wfbp")
+    assert r.iteration_s == pytest.approx(200 * msg, rel=0.01)
+    big = synthetic_profile([25_000_000])
+    plain = simulate(big, ClusterConfig(**cl, ps_partition_bytes=10**9), "bsp").iteration_s
+    with_msg = simulate(big, ClusterConfig(**cl, message_s=msg, ps_partition_bytes=10**9), "bsp").iteration_s
+    assert with_msg == pytest.approx(plain + msg, rel=1e-6)
+
+
+def test_ps_bytescheduler_partition_is_the_key_and_credit_returns_at_push_ack():
+    # a 40 MB tensor with whole-tensor partitions goes to ONE server: 4 workers x 40 MB into
+    # one NIC, then 4 x 40 MB out of it -- 8 x 40 MB / B -- instead of being sharded over 4
+    prof = synthetic_profile([10_000_000])
+    cl = ClusterConfig(workers=4, servers=4, bandwidth=B, latency=0.0)
+    whole = simulate(prof, cl, ByteScheduler(partition_bytes=10**12, credit_bytes=math.inf))
+    assert whole.iteration_s == pytest.approx(8 * 40e6 / B, rel=1e-6)
+    sharded = simulate(prof, cl, "wfbp")          # 4 MB keys spread over the 4 servers
+    assert sharded.iteration_s < whole.iteration_s / 4
+    # with a credit of one partition, partitions go one at a time; the next is admitted
+    # when the servers acknowledge the push, so its push overlaps the previous pull
+    part = 4_000_000
+    one = simulate(prof, cl, ByteScheduler(partition_bytes=part, credit_bytes=1))
+    push = pull = 4 * part / B                    # 4 workers into (out of) one server NIC
+    assert one.iteration_s == pytest.approx(10 * push + pull, rel=1e-6)
+
+
+def test_deadline_clock_catches_up_waits():
+    # with layer-wise updates the input layer waits for its gradient; with the
+    # emulated cluster's deadline clock the later layers' forward is not delayed by it
+    prof = synthetic_profile([10_000_000, 10, 10, 10], fwd_s=0.01, bwd_s=0.0)
+    cl = ClusterConfig(workers=4, servers=4, bandwidth=B)
+    seq = simulate(prof, cl, "bytescheduler")
+    dl = simulate(prof, cl, "bytescheduler", compute_clock="deadline")
+    wait = seq.layer_update_s[0]
+    assert wait > 0.01
+    assert seq.iteration_s == pytest.approx(wait + 4 * 0.01, rel=1e-6)
+    assert dl.iteration_s == pytest.approx(max(wait, 4 * 0.01), rel=1e-6)
+    # without layer-wise updates nothing is caught up: the forward starts after every update
+    off = dict(layerwise_update=False)
+    assert simulate(prof, cl, "wfbp", compute_clock="deadline", **off).iteration_s == \
+        pytest.approx(simulate(prof, cl, "wfbp", **off).iteration_s, rel=1e-12)
+
+
+def test_validate_replays_what_the_cell_ran():
+    prof = synthetic_profile([2_000_000, 4_000_000, 1000], fwd_s=0.01, model="toy")
+    row = {"model": "toy", "strategy": "mgwfbp+x", "base_strategy": "mgwfbp", "backend": "ps", "workers": 4,
+           "servers": 4, "bandwidth": B, "compute_scale": 0.5, "size_scale": 0.5, "layerwise": False,
+           "groups": [1, 2], "measured_step_s": 1.0, "message_s": 1e-4, "placement": "colocated"}
+    t = validate([row], profiles={"toy": prof})
+    small = synthetic_profile([1_000_000, 2_000_000, 500], fwd_s=0.01, model="toy")
+    from pushpull.sim import MGWFBP
+    cl = ClusterConfig(workers=4, servers=4, bandwidth=B, colocated=True, message_s=1e-4)
+    want = simulate(small, cl, MGWFBP(plan=[1, 2]), compute_scale=0.5, layerwise_update=False).iteration_s
+    assert t.rows[0]["predicted_step_s"] == pytest.approx(want, rel=1e-12)
+    assert t.rows[0]["strategy"] == "mgwfbp+x" and t.rows[0]["cell"] is row
+    with pytest.raises(ValueError, match="plan"):
+        validate([dict(row, groups=[1, 1])], profiles={"toy": prof})
