@@ -1,35 +1,29 @@
 """Validate the simulator against the emulated-cluster grid results.
 
     python benchmarks/validate_sim.py docs/results/bytescheduler_speedup.jsonl docs/results/ddl_benchmarks.jsonl \
-        [--write docs/results/simulator.md]
+        docs/results/how_useful.jsonl [--write docs/results/simulator.md] [--json errors.json]
 
-Every measured cell (``pushpull bench grid`` row) is replayed by
-``pushpull.sim.simulate`` with what the cell really ran:
+Every measured cell (``pushpull bench grid`` row) goes to
+``pushpull.sim.validate.validate`` with what the cell really ran (the row's
+``size_scale``, ``compute_scale``, ``layerwise``, placement, link rate, PS key
+size, ByteScheduler partition and credit, the MG-WFBP plan it settled on, and
+the emulated model's deadline clock); repeats of a cell (separate launches
+with the same plan) are averaged.
 
-* the profile with the *scaled* tensor sizes (``size_scale``, rounded per
-  tensor exactly as the emulated model builds them) and the row's
-  ``compute_scale``;
-* workers, servers, colocated or separate servers, the link rate, the PS key
-  sharding size (``ps_partition_bytes``), ByteScheduler's partition and credit;
-* repeats of a cell (separate launches) averaged;
-* layer-wise updates only for ``+lw`` runs (``pushpull.sim.validate.validate``
-  always simulates layer-wise updates, which the plain DistributedOptimizer
-  runs do not do, so this script builds the same ``ValidationTable`` row by
-  row instead of calling it).
-
-Two columns of errors:
+Three columns of errors:
 
 * **uncalibrated**: the simulator's defaults: nominal link rate, 50 µs
-  per-message latency, free server summation;
-* **calibrated** with two numbers every job measures on its own cluster
-  before its timed steps (so nothing is fitted to the step times):
-  the per-message cost ``t_small_s`` (median time of a 4 KB reduction; the
-  simulator's PS reduction costs 2 x latency, a ring 2(n-1) x latency, so
-  latency = t_small / 2 or t_small / (2(n-1))) and the effective rate: the
-  link rate scaled so that the simulator's time for one reduction of all the
-  gradient bytes as one buffer equals the measured ``t_comm_s`` (this folds
-  in TCP goodput, 95.5 % of the link rate, and the CPU cost per byte of
-  copies and server summation on the shared cores).
+  per-message latency, no per-message CPU cost, free server summation;
+* **rate-calibrated**: the link rate scaled so that the simulator's time for
+  one reduction of all the gradient bytes as one buffer equals the measured
+  ``t_comm_s`` (TCP goodput, CPU per byte, and the workers' desynchronisation
+  when everything is in flight);
+* **rate+message-calibrated**: that rate, plus ``message_s`` = ``t_stream_s``
+  (time per reduction in a stream of small ones: the per-message CPU stage)
+  and the latency an isolated small reduction ``t_small_s`` adds beyond it.
+
+All numbers are probes every job runs on its own cluster before its timed
+steps, so nothing is fitted to the step times.
 """
 from __future__ import annotations
 
