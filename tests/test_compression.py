@@ -21,6 +21,7 @@ from pushpull.compression import (
     OneBit,
     Payload,
     RandomK,
+    RandomKSum,
     TopK,
     build,
     build_server,
@@ -41,6 +42,8 @@ CODECS = {
     "onebit-noscale": lambda: OneBit(scaling=False),
     "topk": lambda: TopK(0.5),
     "randomk": lambda: RandomK(0.5, seed=1),
+    "randomk-unscaled": lambda: RandomK(0.5, seed=1, scale=False),
+    "randomk-sum": lambda: RandomKSum(),
     "dithering": lambda: Dithering(2, seed=1),
     "dithering-natural-l2": lambda: Dithering(3, partition="natural", normalize="l2", seed=1),
     "dithering-8bit": lambda: Dithering(100, seed=1),
@@ -270,6 +273,73 @@ def test_randomk_seeded_reproducible_and_sizes():
     assert len(a) <= 100 * 8 + HEADER_MAX
 
 
+def test_randomk_unscaled_sends_each_drawn_entry_once():
+    """scale=False (error feedback): decode is x on the drawn set and 0 elsewhere, even when
+    draws repeat, so the residual x - decode never exceeds x (a contraction)."""
+    n, k = 50, 40  # k close to n: many repeated draws
+    x = torch.randn(n, dtype=torch.float64)
+    codec = RandomK(k, seed=2, scale=False)
+    for _ in range(20):
+        payload = codec.compress(x)
+        assert payload.flags == 0
+        idx = payload.sections[0].to(torch.int64)
+        assert idx.unique().numel() < k  # the test does exercise repeats
+        assert torch.all(idx[1:] >= idx[:-1])
+        dec = decode_payload(wire(payload))
+        drawn = torch.zeros(n, dtype=torch.bool)
+        drawn[idx] = True
+        assert torch.equal(dec[drawn], x[drawn]) and torch.all(dec[~drawn] == 0)
+        assert torch.all((x - dec).abs() <= x.abs())
+    assert RandomK(k, seed=2).compress(x).flags == 1  # the scaled mode says so in the header
+
+
+def test_randomk_scaling_follows_error_feedback_as_in_byteps():
+    """BytePS scales random-k by n/k only without error feedback (randomk.cc, is_scale)."""
+    assert build({"compressor": "randomk", "k": 0.1}).scale is True
+    chain = build({"compressor": "randomk", "k": 0.1, "ef": "vanilla", "momentum": "nesterov"})
+    assert isinstance(chain.inner, ErrorFeedback) and chain.inner.inner.scale is False
+    # no seed given: every worker gets the same default seed, so all pick the same indices
+    x = torch.randn(1000)
+    a, b = (build({"compressor": "randomk", "k": 0.05}, seed_offset=3).compress(x) for _ in range(2))
+    assert torch.equal(a.sections[0], b.sections[0])
+
+
+@pytest.mark.parametrize("ef", ["none", "vanilla"])
+def test_randomk_server_sends_the_shared_support_sum_exactly(ef):
+    """The server neither re-samples nor re-scales a random-k sum (BytePS): with a shared seed
+    the pull carries at most k pairs and decodes to exactly the sum of the decoded pushes."""
+    spec = {"compressor": "randomk", "k": 0.05, "seed": 9, "ef": ef}
+    n, workers = 4000, 3
+    k = resolve_k(0.05, n)
+    chains = [build(spec, seed_offset=1) for _ in range(workers)]
+    server = build_server(spec, seed_offset=1)
+    assert isinstance(server, RandomKSum)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        pushes = [c.compress(torch.randn(n, generator=gen)) for c in chains]
+        assert all(torch.equal(p.sections[0], pushes[0].sections[0]) for p in pushes)
+        total = sum(decode_payload(wire(p)) for p in pushes)
+        pulled = server.compress(total)
+        assert pulled.count <= k and pulled.nbytes <= pushes[0].nbytes
+        assert torch.equal(decode_payload(wire(pulled)), total)
+    # one worker: C(C(x)) == C(x), the check the launcher test makes through a real server
+    one = decode_payload(build(spec).compress(torch.randn(n, generator=gen)))
+    assert torch.equal(decode_payload(build_server(spec).compress(one)), one)
+    # different seeds: still the exact sum, on the union of the supports
+    xs = [decode_payload(RandomK(0.05, seed=s).compress(torch.randn(n, generator=gen))) for s in (1, 2)]
+    pulled = RandomKSum().compress(xs[0] + xs[1])
+    assert k < pulled.count <= 2 * k and torch.equal(decode_payload(pulled), xs[0] + xs[1])
+
+
+def test_randomk_sum_keeps_dtype_and_nan():
+    for dtype in DTYPES:
+        x = torch.zeros(100, dtype=dtype)
+        x[[3, 50, 99]] = torch.tensor([1.5, -2.0, float("nan")], dtype=dtype)
+        out = decode_payload(wire(RandomKSum().compress(x.reshape(10, 10))))
+        assert out.dtype == dtype and out.shape == (10, 10)
+        assert torch.equal(out.view(-1)[:99], x[:99]) and torch.isnan(out.view(-1)[99])
+
+
 # ------------------------------------------------------------------ dithering --
 
 def _levels(s: int, natural: bool) -> np.ndarray:
@@ -374,7 +444,8 @@ def _ef_run(codec, grads):
     return decoded, err_norms
 
 
-@pytest.mark.parametrize("make", [lambda: TopK(0.1), lambda: OneBit()], ids=["topk", "onebit"])
+@pytest.mark.parametrize("make", [lambda: TopK(0.1), lambda: OneBit(), lambda: RandomK(0.1, seed=3, scale=False)],
+                         ids=["topk", "onebit", "randomk-unscaled"])
 def test_error_feedback_bounds_error_and_tracks_gradient_sum(make):
     n, steps = 4096, 200
     gen = torch.Generator().manual_seed(1)
@@ -394,7 +465,7 @@ def test_error_feedback_bounds_error_and_tracks_gradient_sum(make):
     assert rel_ef < 0.1 and rel_plain > 4 * rel_ef, (rel_ef, rel_plain)
     # ...which stays bounded instead of growing with the step count.
     assert max(err_norms) < 20 * grad_norm
-    if ef.inner.name == "topk":  # delta-contractive with delta = k/n: settles within ~1/delta steps
+    if ef.inner.name in ("topk", "randomk"):  # delta-contractive with delta = k/n: settles within ~1/delta steps
         assert max(err_norms[steps // 2:]) < 1.25 * max(err_norms[: steps // 2])
 
 
@@ -470,12 +541,6 @@ def test_registry_errors_name_the_culprit(spec, culprit, choices):
     with pytest.raises(ValueError) as info:
         build(spec)
     assert culprit in str(info.value) and choices in str(info.value)
-
-
-def test_randomk_with_error_feedback_warns(caplog):
-    with caplog.at_level("WARNING", logger="pushpull.compression.registry"):
-        build({"compressor": "randomk", "k": 0.1, "ef": "vanilla"})
-    assert "randomk" in caplog.text and "diverge" in caplog.text
 
 
 def test_spec_json_round_trip():

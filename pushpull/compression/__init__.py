@@ -12,7 +12,7 @@ from .fp16 import FP16
 from .momentum import NesterovMomentum
 from .none import NoCompression
 from .onebit import OneBit
-from .randomk import RandomK
+from .randomk import RandomK, RandomKSum
 from .registry import (
     COMPRESSORS,
     ERROR_FEEDBACKS,
@@ -38,6 +38,7 @@ __all__ = [
     "OneBit",
     "Payload",
     "RandomK",
+    "RandomKSum",
     "TopK",
     "build",
     "build_server",

@@ -1,4 +1,10 @@
-"""Random-k sparsification: k uniformly drawn entries, rescaled to be unbiased."""
+"""Random-k sparsification: k uniformly drawn entries (BytePS semantics).
+
+Two modes, chosen as BytePS chooses them: without error feedback the kept
+values are scaled by n/k so the estimate is unbiased; with error feedback they
+are sent as they are, because EF needs a contraction (what is sent must never
+exceed what there was to send) and the n/k-scaled estimate is not one.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +14,28 @@ import torch
 from .base import Compressor, Payload, check_k, flat_input, make_rng, register_codec, resolve_k
 from .sparse import scatter_decode, sparse_layout
 
+# Header flag bit 0: the values were multiplied by n/k (informational; decode is the same).
+SCALED = 1
+
 
 @register_codec
 class RandomK(Compressor):
-    """k indices drawn uniformly with replacement, values scaled by n/k.
+    """k indices drawn uniformly with replacement; repeated indices add on decode.
 
-    E[decode] = sum_j (n/k) * P(draw j hits i) * x_i = x, so the estimate is
-    unbiased; repeated draws of one index add up on decode. Workers built
-    with the same seed draw the same indices, as in BytePS.
+    ``scale=True``: every draw carries x_i * n/k, so E[decode] = x exactly.
+    ``scale=False`` (for error feedback): each distinct drawn index carries x_i
+    once (its repeats carry 0), so decode = x on the drawn set and 0 elsewhere
+    and the EF residual x - decode never exceeds x. Workers built with the same
+    seed draw the same indices, as in BytePS.
     """
 
     codec = 4
     name = "randomk"
 
-    def __init__(self, k: float, seed: int | None = None):
+    def __init__(self, k: float, seed: int | None = None, scale: bool = True):
         self.k = check_k(k, "randomk")
         self.seed = seed
+        self.scale = bool(scale)
         self._rng = make_rng(seed)
 
     def reset(self) -> None:
@@ -33,19 +45,26 @@ class RandomK(Compressor):
         source = flat_input(tensor, compute_dtype=None)
         n = source.numel()
         k = resolve_k(self.k, n)
-        payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, count=k)
+        payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, count=k,
+                                   flags=SCALED if self.scale else 0)
         if k == 0:
             return payload
         index_section, value_section = payload.sections
         idx_np = index_section.numpy()
         idx_np[:] = self._rng.integers(0, n, size=k, dtype=idx_np.dtype)
+        if not self.scale:
+            idx_np.sort()  # repeats become neighbours (and the decode scatter runs in order)
         if source.dtype in (torch.float32, torch.float64):
             values = value_section.numpy()
             np.take(source.numpy(), idx_np, out=values)
-            np.multiply(values, n / k, out=values)
         else:  # half types: NumPy has no bf16
             torch.index_select(source, 0, index_section, out=value_section)
-            value_section.mul_(n / k)
+            values = value_section
+        if self.scale:
+            values *= n / k
+        else:
+            repeat = torch.from_numpy(idx_np[1:] == idx_np[:-1])
+            value_section[1:].masked_fill_(repeat, 0)
         return payload
 
     @staticmethod
@@ -57,4 +76,31 @@ class RandomK(Compressor):
         return scatter_decode(payload, out, accumulate=True)
 
     def __repr__(self) -> str:
-        return f"RandomK(k={self.k:g}, seed={self.seed})"
+        return f"RandomK(k={self.k:g}, seed={self.seed}, scale={self.scale})"
+
+
+class RandomKSum(Compressor):
+    """The server's random-k: send the sum of the pushes on their own support.
+
+    BytePS' server does not re-sample random-k: with one seed on every worker
+    all pushes share one index set, their sum lives on it, and the server sums
+    the values and returns them. Here the server has decoded the pushes into a
+    dense sum, so it sends every non-zero entry of it as a random-k payload:
+    at most k pairs with a shared seed, exact (nothing is dropped, so there is
+    nothing for error feedback to carry). Workers with different seeds still
+    get the exact sum, at up to (workers x k) pairs.
+    """
+
+    codec = RandomK.codec  # decoded by RandomK.decode (not registered a second time)
+    name = "randomk"
+
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        source = flat_input(tensor, compute_dtype=None)
+        keep = torch.from_numpy(np.flatnonzero(source.numpy())) if source.dtype in (torch.float32, torch.float64) \
+            else torch.nonzero(source).view(-1)
+        payload = Payload.allocate(RandomK.codec, tensor.dtype, tensor.shape, count=keep.numel())
+        if keep.numel():
+            index_section, value_section = payload.sections
+            index_section.copy_(keep)
+            torch.index_select(source, 0, keep, out=value_section)
+        return payload

@@ -12,7 +12,6 @@ carry settings for several; unknown keys and bad values raise ValueError.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from typing import Any, Callable, Mapping
 
@@ -23,7 +22,7 @@ from .fp16 import FP16
 from .momentum import NesterovMomentum
 from .none import NoCompression
 from .onebit import OneBit
-from .randomk import RandomK
+from .randomk import RandomK, RandomKSum
 from .topk import TopK
 
 COMPRESSORS: dict[str, type[Compressor]] = {
@@ -62,8 +61,8 @@ _OPTIONS = {
     "dithering": ("k", "partition", "normalize", "seed"),
 }
 _DITHERING_DEFAULT_LEVELS = 2
-
-log = logging.getLogger(__name__)
+# BytePS seeds random-k with 2020 when no seed is given: the same on every worker.
+RANDOMK_DEFAULT_SEED = 2020
 
 
 def _choice(spec: Mapping, key: str, valid) -> str:
@@ -127,20 +126,19 @@ def normalize_spec(spec: Mapping | str | None) -> dict:
 def _codec(spec: dict, seed_offset: int) -> Compressor:
     name = spec["compressor"]
     kwargs = {key: spec[key] for key in _OPTIONS[name]}
+    if name == "randomk":
+        # BytePS: all workers share one default seed (so they pick the same indices and the
+        # server's sum stays k-sparse), and the n/k scaling is on only without error feedback.
+        if kwargs["seed"] is None:
+            kwargs["seed"] = RANDOMK_DEFAULT_SEED
+        kwargs["scale"] = spec["ef"] == "none"
     if "seed" in kwargs and kwargs["seed"] is not None:
         kwargs["seed"] = kwargs["seed"] + seed_offset
     return COMPRESSORS[name](**kwargs)
 
 
 def _with_error_feedback(spec: dict, codec: Compressor, lr_getter) -> Compressor:
-    if spec["ef"] != "vanilla":
-        return codec
-    if spec["compressor"] == "randomk":
-        # The n/k rescaling makes random-k unbiased but not contractive: the
-        # residual p - D(C(p)) can be larger than p, and EF then blows up.
-        log.warning("compression: randomk with ef=vanilla tends to diverge (the n/k-scaled "
-                    "random-k is not contractive); prefer topk with error feedback")
-    return ErrorFeedback(codec, lr_getter=lr_getter)
+    return ErrorFeedback(codec, lr_getter=lr_getter) if spec["ef"] == "vanilla" else codec
 
 
 def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
@@ -161,17 +159,18 @@ def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] |
 def build_server(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
                  seed_offset: int = 0) -> Compressor:
     """The server chain: it re-compresses each sum with its own error feedback
-    and never applies momentum (that already happened on the workers)."""
+    and never applies momentum (that already happened on the workers);
+    random-k sums are sent on their own support (:class:`RandomKSum`).
+
+    ``lr_getter`` is accepted for symmetry; the server has no learning rate
+    (it is not on the wire), so its error feedback uses the ratio 1.
+    """
     spec = normalize_spec(spec)
     if spec["compressor"] == "randomk":
-        # The pushes are already scaled by n/k, and with a shared seed the server's
-        # stream would draw the very same indices: re-sampling would scale the sum by
-        # n/k a second time (training diverges). Send the sum's k largest entries
-        # instead: with a shared seed the sum has at most k non-zeros, so this passes
-        # it through exactly, as BytePS' server does with randomk sums.
-        spec = dict(spec, compressor="topk")
-        return ErrorFeedback(_codec(spec, seed_offset), lr_getter=lr_getter) if spec["ef"] == "vanilla" \
-            else _codec(spec, seed_offset)
+        # BytePS' server neither re-samples nor re-scales random-k: it sums the pushes on their
+        # shared support and sends that back. Re-sampling would drop most of the sum (and, scaled,
+        # multiply it by n/k a second time). Nothing is dropped, so no error feedback either.
+        return RandomKSum()
     return _with_error_feedback(spec, _codec(spec, seed_offset), lr_getter)
 
 
