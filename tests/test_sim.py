@@ -456,3 +456,38 @@ def test_validate_replays_what_the_cell_ran():
     assert t.rows[0]["strategy"] == "mgwfbp+x" and t.rows[0]["cell"] is row
     with pytest.raises(ValueError, match="plan"):
         validate([dict(row, groups=[1, 1])], profiles={"toy": prof})
+
+
+def test_optimizer_on_the_training_thread():
+    # layer-wise: step() after the backward, then per layer the pre-hook applies its tensors' updates
+    # before the layer's forward (woken once when it had to wait); the deadline clock catches up the
+    # pre-hooks' time but not step()'s
+    from pushpull.sim import SimOptions
+
+    prof = synthetic_profile([[10, 10], [10], [10, 10, 10]], fwd_s=0.01, bwd_s=0.02)
+    fast = ClusterConfig(workers=2, bandwidth=math.inf, latency=0.0)
+    u, s = 1e-3, 2e-3
+    seq = simulate(prof, fast, "wfbp", options=SimOptions(update_s=u, step_call_s=s, wake_s=1.0, trace=False))
+    assert seq.iteration_s == pytest.approx(prof.compute_s + s + 6 * u, rel=1e-9)   # nothing waits: no wake
+    dl = simulate(prof, fast, "wfbp", options=SimOptions(update_s=u, step_call_s=s, compute_clock="deadline",
+                                                        trace=False))
+    assert dl.iteration_s == pytest.approx(prof.compute_s + s, rel=1e-9)   # 2-3 ms of hooks per 10 ms layer
+    # a layer that waits pays the wake-up after the arrival; without layer-wise updates step() waits
+    # for every reduction (one wake-up) and then runs
+    big = synthetic_profile([10_000_000, 10], fwd_s=0.01, bwd_s=0.0)
+    cl = ClusterConfig(workers=4, servers=4, bandwidth=B)
+    base = simulate(big, cl, "wfbp", trace=False)
+    w = 5e-3
+    lw = simulate(big, cl, "wfbp", options=SimOptions(wake_s=w, update_s=u, trace=False))
+    assert lw.iteration_s == pytest.approx(base.iteration_s + w + u + u, rel=1e-9)
+    off = simulate(big, cl, "wfbp", layerwise_update=False, trace=False)
+    offc = simulate(big, cl, "wfbp", options=SimOptions(layerwise_update=False, wake_s=w, step_call_s=s,
+                                                        update_s=1.0, trace=False))
+    assert offc.iteration_s == pytest.approx(off.iteration_s + w + s, rel=1e-9)   # update_s: layer-wise only
+    with pytest.raises(ValueError, match="wake_s"):
+        SimOptions(wake_s=-1.0)
+    # validate() takes the three from a row
+    row = {"model": "toy", "strategy": "wfbp", "backend": "ps", "workers": 4, "servers": 4, "bandwidth": B,
+           "measured_step_s": 1.0, "layerwise": True, "update_s": u, "wake_s": w}
+    assert validate([row], profiles={"toy": big}).rows[0]["predicted_step_s"] == \
+        pytest.approx(lw.iteration_s, rel=1e-12)

@@ -214,6 +214,10 @@ class SimOptions:
     compute_scale: float = 1.0      # multiply profile compute times (GPU k x faster: 1/k)
     trace: bool = True              # keep per-event records for write_trace()
     compute_clock: str = "sequential"   # "deadline": forward layers end at fixed offsets (sleep replay)
+    # the optimizer on the training thread (0: free, which keeps the closed forms exact)
+    update_s: float = 0.0           # layer-wise: per tensor, applied in its layer's forward (before the layer)
+    step_call_s: float = 0.0        # per iteration: the optimizer's step() call after the backward
+    wake_s: float = 0.0             # per wait that blocks: completion on another thread -> training thread runs
 
     def __post_init__(self):
         if self.compute_clock not in COMPUTE_CLOCKS:
@@ -222,6 +226,10 @@ class SimOptions:
             raise ValueError(f"iterations must be >= 2 (one warm-up, one steady), got {self.iterations!r}")
         if not (self.compute_scale >= 0) or math.isinf(self.compute_scale):
             raise ValueError(f"compute_scale must be a finite number >= 0, got {self.compute_scale!r}")
+        for name in ("update_s", "step_call_s", "wake_s"):
+            v = getattr(self, name)
+            if not (v >= 0) or math.isinf(v):
+                raise ValueError(f"{name} must be a finite number >= 0 s, got {v!r}")
 
 
 __all__ = [

@@ -423,13 +423,26 @@ def simulate(profile: Profile, cluster: ClusterConfig, strategy: "Strategy | str
     # ends no earlier than clock start + fwd of layers 0..l: time spent
     # waiting for an update is caught up, as the emulated cluster's sleep
     # replay (pushpull.bench.emulated_model) does
-    clock = bwd if options.layerwise_update else max(bwd, all_done)
+    # The optimizer runs on the training thread (options.update_s/step_call_s/wake_s, all 0 by default):
+    # step() after the backward; without layer-wise updates it first waits for every reduction
+    # (woken once if it blocked) and applies them all; with them it returns at once and each layer's
+    # forward pre-hook waits for that layer's reductions (woken if it blocked) and applies its
+    # tensors' updates, before the layer's forward. The deadline clock starts when the forward is
+    # called, so it catches up the pre-hooks' time, not step()'s.
+    o = options
+    if o.layerwise_update:
+        t = bwd + o.step_call_s
+    else:
+        t = (all_done + o.wake_s if all_done > bwd else bwd) + o.step_call_s
+    clock = t
     for li, layer in enumerate(prof.layers):
-        gate = upd[li] if options.layerwise_update else all_done
-        t = max(t, gate)
+        if o.layerwise_update:
+            if upd[li] > t:
+                t = upd[li] + o.wake_s
+            t += o.update_s * len(layer.tensors)
         fwd_start.append(t - bwd)          # relative to the end of the backward
         clock += layer.fwd_s
-        end = max(t, clock) if options.compute_clock == "deadline" else t + layer.fwd_s
+        end = max(t, clock) if o.compute_clock == "deadline" else t + layer.fwd_s
         fwd_dur.append(end - t)
         t = end
     iteration = t                          # next backward starts at t

@@ -113,7 +113,9 @@ def cell(row: dict, i: int = 0, profiles: dict | None = None, latency: float = 5
         strat.plan = [int(g) for g in row["groups"]]
     opts = SimOptions(layerwise_update=bool(row.get("layerwise", True)),
                       compute_scale=float(row.get("compute_scale", 1.0)), trace=False,
-                      compute_clock=str(row.get("compute_clock", "sequential")))
+                      compute_clock=str(row.get("compute_clock", "sequential")),
+                      update_s=float(row.get("update_s") or 0.0), step_call_s=float(row.get("step_call_s") or 0.0),
+                      wake_s=float(row.get("wake_s") or 0.0))
     return prof, cluster, strat, opts
 
 
@@ -135,7 +137,9 @@ def validate(measured_rows, profiles: dict[str, Profile] | None = None, latency:
       (``deadline`` for the emulated cluster's sleep replay);
     * ``colocated`` or ``placement``, ``local_size``, ``ps_partition_bytes``;
     * calibration: ``latency`` (s per message), ``message_s`` (per-message
-      CPU time, see ClusterConfig).
+      CPU time, see ClusterConfig); the optimizer on the training thread:
+      ``update_s`` (per tensor, layer-wise updates), ``step_call_s`` (per
+      ``step()`` call), ``wake_s`` (per wait that blocks), see SimOptions.
 
     ``profiles`` maps model names to Profile objects to use instead of
     loading them. ``error`` is (predicted - measured) / measured; every other
