@@ -10,7 +10,7 @@ size, ByteScheduler partition and credit, the MG-WFBP plan it settled on, and
 the emulated model's deadline clock); repeats of a cell (separate launches
 with the same plan) are averaged.
 
-Three columns of errors:
+Four columns of errors:
 
 * **uncalibrated**: the simulator's defaults: nominal link rate, 50 µs
   per-message latency, no per-message CPU cost, free server summation;
@@ -20,10 +20,17 @@ Three columns of errors:
   when everything is in flight);
 * **rate+message-calibrated**: that rate, plus ``message_s`` = ``t_stream_s``
   (time per reduction in a stream of small ones: the per-message CPU stage)
-  and the latency an isolated small reduction ``t_small_s`` adds beyond it.
+  and the latency an isolated small reduction ``t_small_s`` adds beyond it;
+* **+optimizer (probe)**: that, plus the optimizer's own cost on the training
+  thread (``SimOptions.update_s``, ``step_call_s``, ``wake_s``) from
+  :func:`pushpull.bench.grid.layerwise_probe`, which runs with communication
+  taken out: the job's own probe (``opt_probe`` in rows of newer jobs) or else
+  the standalone one of the same model and backend
+  (``benchmarks/layerwise_probe.py`` -> ``--opt-probe``, default
+  ``docs/results/layerwise_probe.jsonl``).
 
-All numbers are probes every job runs on its own cluster before its timed
-steps, so nothing is fitted to the step times.
+All numbers are probes (every job runs them on its own cluster before its timed
+steps; the optimizer probe also standalone), so nothing is fitted to the step times.
 """
 from __future__ import annotations
 
@@ -40,7 +47,9 @@ from pushpull.sim.validate import ValidationTable, cell, validate
 
 BEGIN = "<!-- validation:begin -->"
 END = "<!-- validation:end -->"
-LABELS = ["uncalibrated", "rate-calibrated", "rate+message-calibrated"]
+LABELS = ["uncalibrated", "rate-calibrated", "rate+message-calibrated", "+optimizer (probe)"]
+OPT_FIELDS = ("update_lw_s", "step_lw_s", "step_s", "wake_s")
+OPT_PROBE = "docs/results/layerwise_probe.jsonl"
 
 
 def plan_groups(plan: str | None) -> list[int] | None:
@@ -90,16 +99,46 @@ def calibrated(row: dict, level: str) -> dict:
     return r
 
 
-def tables(rows: list[dict]) -> list[ValidationTable]:
+def read_opt_probes(path: str | None) -> dict[tuple, dict]:
+    """(model, backend) -> the latest ``benchmarks/layerwise_probe.py`` row for it."""
+    out: dict[tuple, dict] = {}
+    if path and Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                out[(r["model"], r["backend"])] = r
+    return out
+
+
+def with_optimizer(row: dict, probes: dict[tuple, dict]) -> dict:
+    """``row`` with the optimizer's cost on the training thread, from the job's own probe
+    (``opt_probe``, rank 0's) or else from the standalone probe of the same model and backend:
+    layer-wise runs pay ``update_lw_s`` per tensor in the forward pre-hooks and ``step_lw_s`` per
+    step(); the others ``step_s`` per step() (wait_all + one optimizer step); both ``wake_s`` per
+    wait that blocks."""
+    pr = row.get("opt_probe") if isinstance(row.get("opt_probe"), dict) and "step_s" in row["opt_probe"] \
+        else probes.get((row["model"], row["backend"]))
+    if not pr:
+        return row
+    r = dict(row, wake_s=pr.get("wake_s") or 0.0)
+    if row.get("layerwise"):
+        r.update(update_s=pr["update_lw_s"], step_call_s=pr["step_lw_s"])
+    else:
+        r.update(step_call_s=pr["step_s"])
+    return r
+
+
+def tables(rows: list[dict], probes: dict[tuple, dict] | None = None) -> list[ValidationTable]:
     base = [replay_row(r) for r in rows]
-    return [validate(base), validate([calibrated(r, "rate") for r in base]),
-            validate([calibrated(r, "rate+message") for r in base])]
+    msg = [calibrated(r, "rate+message") for r in base]
+    return [validate(base), validate([calibrated(r, "rate") for r in base]), validate(msg),
+            validate([with_optimizer(r, probes or {}) for r in msg])]
 
 
 def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
     lines = ["| config | model | strategy | backend | n | k | bandwidth | compute x | measured ms | "
-             "uncalibrated ms | error | rate-calibrated ms | error | rate+message ms | error |",
-             "|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "uncalibrated ms | error | rate-calibrated ms | error | rate+message ms | error | +optimizer ms | error |",
+             "|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(rows):
         u = tables[0].rows[i]
         cells = " | ".join(f"{t.rows[i]['predicted_step_s'] * 1e3:.0f} | {t.rows[i]['error'] * 100:+.1f} %"
@@ -132,6 +171,9 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
         for k in ("t_comm_s", "t_small_s", "t_stream_s"):
             vals = [r[k] for r in rs if r.get(k)]
             m[k] = statistics.mean(vals) if vals else None
+        probes = [r["opt_probe"] for r in rs if isinstance(r.get("opt_probe"), dict) and "step_s" in r["opt_probe"]]
+        m["opt_probe"] = {k: statistics.mean(pr[k] for pr in probes if pr.get(k) is not None)
+                          for k in OPT_FIELDS} if probes else None
         m["repeats"] = len(rs)
         out.append(m)
     return out
@@ -142,12 +184,15 @@ def main(argv=None) -> int:
     p.add_argument("results", nargs="+", help="grid results (JSON lines)")
     p.add_argument("--write", help="replace the generated part of this page's validation section")
     p.add_argument("--json", help="also write the per-cell errors here")
+    p.add_argument("--opt-probe", default=OPT_PROBE,
+                   help=f"optimizer-cost probes (benchmarks/layerwise_probe.py) for cells without their own "
+                        f"(default {OPT_PROBE})")
     a = p.parse_args(argv)
     rows = []
     for f in a.results:
         rows += [json.loads(l) for l in Path(f).read_text().splitlines() if l.strip()]
     rows = merge_repeats([r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")])
-    tabs = tables(rows)
+    tabs = tables(rows, read_opt_probes(a.opt_probe))
     labels = LABELS
     md = combined_markdown(rows, tabs)
     sums = [summary(t, l) for t, l in zip(tabs, labels)]

@@ -55,3 +55,17 @@ def test_grid_cell_resume_and_report(tmp_path):
     assert "| model | backend |" in md and "| resnet50 | ps | 2 |" in md and "1.00x" in md
     png = tmp_path / "smoke_speedup.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(120)
+def test_layerwise_probe_measures_the_optimizer_paths():
+    code = ("import json, torch; import pushpull.torch as bps; bps.init(); torch.set_num_threads(1); "
+            "from pushpull.bench.grid import layerwise_probe; "
+            "print(json.dumps(layerwise_probe('resnet50', 0.001, iters=3, warmup=1)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["tensors"] == 161 and res["layers"] > 0
+    for k in ("update_lw_s", "step_lw_s", "step_s", "wake_s"):
+        assert 0 <= res[k] < 1.0, (k, res[k])
+    assert res["step_lw_s"] > 0 and res["step_s"] > 0 and res["wake_s"] > 0

@@ -51,7 +51,12 @@ placement, bandwidth, ratio, repeat) take turns in the same processes. Jobs
 sharing a cluster shape (hosts, bandwidth, delay) run on one cluster, set up
 once. Resumable: cells already in the results file are skipped. Each cell
 appends one JSON line with every parameter, the emulation mode
-(``namespaces`` or ``loopback``) and the measured step time / throughput.
+(``namespaces`` or ``loopback``) and the measured step time / throughput, plus the
+probes every job runs on its cluster before the timed steps: ``t_comm_s`` (one
+reduction of all gradients as one buffer), ``t_small_s`` (one 4 KB reduction),
+``t_stream_s`` (per reduction in a stream of 16 small ones) and ``opt_probe``
+(:func:`layerwise_probe`: the optimizers' own cost on the training thread with
+communication taken out, measured by every worker at once; rank 0's).
 ``--loopback`` (or ``PUSHPULL_GRID_LOOPBACK=1``) forces the loopback mode.
 """
 from __future__ import annotations
@@ -227,6 +232,162 @@ def _time_stream(comm, nbytes: int, count: int = 16, reps: int = 3) -> float:
     return statistics.median(times)
 
 
+class _ProbeToken:
+    __slots__ = ("event", "t_set")
+
+    def __init__(self) -> None:
+        import threading
+
+        self.event = threading.Event()
+        self.t_set = 0.0
+
+
+class _ProbeComm:
+    """A Comm whose reductions cost nothing: ``poll`` says not back yet (so, as in a communication-bound
+    run, ScheduledOptimizer applies every update in its layer's forward pre-hook, not in ``step()``) and
+    ``wait`` returns at once, or, with ``handoff``, blocks until a helper thread completes the reduction
+    (the reply arriving on the I/O thread) and records how long the waiter took to resume."""
+
+    def __init__(self, backend: str, handoff: bool = False):
+        self.backend = backend
+        self.handoff = handoff
+        self.wakes: list[float] = []
+        self._q = None
+        if handoff:
+            import queue
+            import threading
+
+            self._q = queue.Queue()
+            threading.Thread(target=self._completer, name="probe-completer", daemon=True).start()
+
+    def _completer(self) -> None:
+        while True:
+            tok = self._q.get()
+            if tok is None:
+                return
+            time.sleep(2e-4)                 # let the waiter block first
+            tok.t_set = time.perf_counter()
+            tok.event.set()
+
+    def close(self) -> None:
+        if self._q is not None:
+            self._q.put(None)
+
+    def submit(self, tensor, name, priority, average=True):
+        return _ProbeToken()
+
+    def poll(self, token) -> bool:
+        return False
+
+    def wait(self, token) -> None:
+        if not self.handoff:
+            return
+        self._q.put(token)
+        token.event.wait()
+        self.wakes.append(time.perf_counter() - token.t_set)
+
+    def set_scheduling(self, partition_bytes: int, credit_bytes: int) -> None:
+        pass
+
+    def default_scheduling(self) -> tuple[int, int]:
+        return 0, 0
+
+    def scope(self):
+        return id(self)
+
+
+def layerwise_probe(model: str, size_scale: float = 1.0, base: str = "bytescheduler", backend: str = "ps",
+                    iters: int = 20, warmup: int = 3) -> dict:
+    """What the optimizer costs the training thread, with communication taken out.
+
+    The emulated model (:mod:`pushpull.bench.emulated_model`) with no compute (no sleeps) and the
+    cell's tensors runs ``iters`` steps in this process: with no optimizer (zero_grad, forward,
+    backward: the baseline), with ``DistributedOptimizer`` and with ``ScheduledOptimizer`` over the
+    same ``base`` strategy and a Comm whose reductions are free (:class:`_ProbeComm`: never back at
+    ``step()``, so every layer-wise update is applied in its layer's forward pre-hook, as in a
+    communication-bound run), and ScheduledOptimizer again with every reduction completed by a helper
+    thread once the training thread blocks on it. Returns seconds, each a median over the steps:
+
+    * ``update_lw_s``: per tensor, ScheduledOptimizer's forward pre-hooks (wait bookkeeping, the
+      parameter's own optimizer step), i.e. the forward's time over the baseline's, over the tensors;
+    * ``step_lw_s``: per iteration, ScheduledOptimizer's ``step()`` (submits nothing new, applies
+      nothing: no reduction is back);
+    * ``step_s``: per iteration, DistributedOptimizer's ``step()``: ``wait_all`` over every reduction
+      (all back) and one optimizer step over all parameters;
+    * ``bwd_lw_s``, ``bwd_s``: per iteration, the backward's time over the baseline's (the gradient
+      hooks that submit reductions);
+    * ``wake_s``: time from a reduction's completion on another thread to the blocked training thread
+      running again (once per layer whose update the forward waits for);
+    * ``tensors``, ``layers``, ``iters`` and the baseline's phases.
+
+    One process, no sockets: this machine's CPU cost of the code paths under its current load. The
+    grid runs it in every worker at once before a job's timed steps, so under the cell's load.
+    """
+    import torch
+
+    from pushpull.bench.emulated_model import EmulatedModel
+    from pushpull.profiles import load_profile
+    from pushpull.torch import ops
+    from pushpull.torch.optimizer import DistributedOptimizer
+    from pushpull.torch.scheduled import ScheduledOptimizer
+    from pushpull.torch.strategies import make_strategy
+
+    prof = load_profile(model)
+    x = torch.zeros(1)
+    real_size = ops.size
+    ops.size = lambda: max(2, real_size())   # the optimizers' distributed code paths, in one process
+    med = statistics.median
+    try:
+        def run(kind: str, handoff: bool = False) -> dict:
+            m = EmulatedModel(prof, 0.0, size_scale)
+            named = [(f"probe.{kind}.{n}", p) for n, p in m.named_parameters()]
+            sgd = torch.optim.SGD(m.parameters(), lr=0.0)
+            comm = _ProbeComm(backend, handoff)
+            opt = sgd
+            if kind != "none":
+                st = make_strategy(base, comm=comm)
+                if kind == "lw":
+                    opt = ScheduledOptimizer(m, sgd, named_parameters=named, strategy=st)
+                else:
+                    opt = DistributedOptimizer(sgd, named_parameters=named, strategy=st, model=m)
+            ph: dict[str, list[float]] = {"fwd": [], "bwd": [], "step": []}
+            for i in range(warmup + iters):
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                out = m(x)
+                t1 = time.perf_counter()
+                out.sum().backward()
+                t2 = time.perf_counter()
+                if kind != "none":
+                    opt.step()
+                t3 = time.perf_counter()
+                if i >= warmup:
+                    for k, v in (("fwd", t1 - t0), ("bwd", t2 - t1), ("step", t3 - t2)):
+                        ph[k].append(v)
+            if kind == "lw":
+                opt.synchronize()
+                opt.remove_hooks()
+            comm.close()
+            n = sum(1 for _ in m.parameters())
+            out = {k: med(v) for k, v in ph.items()}
+            out["n"] = n
+            out["wakes"] = comm.wakes[warmup * n:]
+            return out
+
+        none, dist, lw = run("none"), run("dist"), run("lw")
+        wakes = run("lw", handoff=True)["wakes"]
+    finally:
+        ops.size = real_size
+    n = none["n"]
+    return {"model": model, "size_scale": size_scale, "base": base, "backend": backend, "tensors": n,
+            "layers": len(prof.layers), "iters": iters,
+            "update_lw_s": max(0.0, (lw["fwd"] - none["fwd"]) / n), "step_lw_s": lw["step"], "step_s": dist["step"],
+            "bwd_lw_s": max(0.0, lw["bwd"] - none["bwd"]), "bwd_s": max(0.0, dist["bwd"] - none["bwd"]),
+            "wake_s": med(wakes) if wakes else None, "base_fwd_s": none["fwd"], "base_bwd_s": none["bwd"],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": socket.gethostname(), "cpus": os.cpu_count(),
+            "loadavg": list(os.getloadavg())}
+
+
 def child_main(spec: dict, out: str) -> int:
     import torch
 
@@ -251,6 +412,16 @@ def child_main(spec: dict, out: str) -> int:
     agreed = comm.broadcast_from_root(torch.tensor([t_comm, t_small, t_stream], dtype=torch.float64),
                                       "grid.agree")
     t_comm, t_small, t_stream = agreed.tolist()
+    # the optimizers' own cost on the training thread (communication taken out), measured by every
+    # worker at once, so under the job's load; rank 0's is recorded
+    lw_runs = [r for r in spec["runs"] if r["layerwise"]]
+    try:
+        opt_probe = layerwise_probe(spec["model"], spec["size_scale"],
+                                    base=(lw_runs[0] if lw_runs else spec["runs"][0])["base"],
+                                    backend=bps.config().backend)
+    except Exception as ex:  # noqa: BLE001 - a probe must not cost the job
+        opt_probe = {"error": str(ex)[-300:]}
+    bps.barrier()
     x = torch.zeros(1)
     runs = {}
     for r in spec["runs"]:
@@ -292,7 +463,7 @@ def child_main(spec: dict, out: str) -> int:
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
-                       "t_small": t_small, "t_stream": t_stream, "plans": plans}, f)
+                       "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe}, f)
     if bps.config().backend == "allreduce":
         from pushpull.torch import allreduce
 
@@ -323,6 +494,7 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
             "throughput": job["workers"] * job["batch_size"] / step,
             "try_throughput": [job["workers"] * job["batch_size"] / t for t in tries],
             "steps": len(flat), "plan": res.get("plans", {}).get(r["name"]), "job_wall_s": wall,
+            "opt_probe": res.get("opt_probe"),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": socket.gethostname(), "cpus": os.cpu_count(),
         })
         from pushpull.profiles import load_profile
