@@ -32,8 +32,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05,
-                   help="learning rate for one worker; multiplied by the number of workers (linear scaling)")
+    p.add_argument("--lr", type=float, default=0.035,
+                   help="peak learning rate for one worker; multiplied by the number of workers (linear scaling)")
+    p.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
+                   help="after the warm-up: cosine decay to 0 by the last step, or constant")
+    p.add_argument("--warmup-epochs", type=float, default=1.0,
+                   help="linear warm-up from lr/steps to the peak lr, per step (0: none)")
     p.add_argument("--sgd-momentum", type=float, default=None,
                    help="the optimizer's momentum (default 0.9; 0 with --momentum nesterov, which moves "
                         "momentum into the worker's compression chain as BytePS does)")
@@ -93,6 +97,23 @@ def shard(n: int, epoch: int, seed: int, rank: int, size: int) -> torch.Tensor:
     total = math.ceil(n / size) * size
     perm = torch.cat([perm, perm[: total - n]])
     return perm[rank::size]
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Fraction of the peak learning rate for ``step`` (0-based) of ``total``.
+
+    The warm-up keeps the first steps, taken from a random initialisation with
+    momentum (or a compressor's error feedback) still empty, from overshooting;
+    the cosine decay makes the final accuracy that of a settled model rather
+    than a snapshot of a noisy constant-rate walk. Changed every step, so the
+    learning-rate ratio error feedback applies stays close to 1.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    t = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def worker_momentum(args) -> bool:
@@ -190,7 +211,8 @@ def main(argv=None) -> int:
     steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
     if rank == 0:
         print(f"digits: {len(y_train)} train / {len(y_test)} test images, {args.model}, {size} worker(s), "
-              f"batch {args.batch_size}/worker, lr {lr:g}, sgd momentum {momentum:g}, {steps} steps/epoch, "
+              f"batch {args.batch_size}/worker, lr {lr:g} ({args.lr_schedule}, {args.warmup_epochs:g} warm-up "
+              f"epochs), sgd momentum {momentum:g}, {steps} steps/epoch, "
               f"compression {compression.spec or 'none'}, "
               f"strategy {args.strategy or bps.config().strategy}", flush=True)
     bar = None
@@ -214,6 +236,8 @@ def main(argv=None) -> int:
     wall0 = time.perf_counter()
     train_time, samples, acc, test_loss = 0.0, 0.0, 0.0, 0.0
     history: list[float] = []  # test accuracy after each epoch
+    total_steps = args.epochs * steps
+    warmup = round(args.warmup_epochs * steps)
     for epoch in range(args.epochs):
         idx = shard(len(y_train), epoch, args.seed, rank, size)
         t0 = time.perf_counter()
@@ -221,6 +245,8 @@ def main(argv=None) -> int:
         loss_sum = 0.0
         for s in range(steps):
             b = idx[s * args.batch_size:(s + 1) * args.batch_size]
+            for group in opt.param_groups:  # set before backward: error feedback reads it while pushing
+                group["lr"] = lr * lr_factor(epoch * steps + s, total_steps, warmup, args.lr_schedule)
             opt.zero_grad()
             loss = F.cross_entropy(model(x_train[b]), y_train[b])
             loss.backward()
@@ -247,7 +273,6 @@ def main(argv=None) -> int:
         bar.close()
     wall = time.perf_counter() - wall0
     throughput = samples / train_time if train_time > 0 else 0.0
-    total_steps = args.epochs * steps
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     if eng is not None:
         def nbytes(e) -> int:
@@ -265,7 +290,8 @@ def main(argv=None) -> int:
                "grad_bytes_per_step": grad_bytes,
                "compressed_fraction": round(compressed_bytes / declared, 4) if declared else 0.0,
                "model": args.model, "compression": args.compression, "spec": compression.spec,
-               "lr": lr, "sgd_momentum": momentum, "seed": args.seed,
+               "lr": lr, "lr_schedule": args.lr_schedule, "warmup_epochs": args.warmup_epochs,
+               "sgd_momentum": momentum, "seed": args.seed,
                "engine_stats": dict(eng.stats) if eng is not None else None,
                "strategy": args.strategy or bps.config().strategy}
     bps.shutdown()
