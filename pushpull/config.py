@@ -138,6 +138,10 @@ SETTINGS: tuple[Setting, ...] = (
       "Credit in partitions: how many partitions may be in flight at once (0 = no limit, scheduling off)."),
     S("min_compress_bytes", ["BYTEPS_MIN_COMPRESS_BYTES"], 65536, _int_min(0), "integer >= 0",
       "Tensors smaller than this are sent uncompressed."),
+    S("keep_freed_buffers", [], True, _bool, "0 | 1",
+      "Workers and servers keep freed message buffers (up to 32 MiB each, 1 GiB in all) in the process heap "
+      "(glibc mallopt) instead of returning them to the kernel, which saves the page faults and zeroing every "
+      "received message otherwise pays; 0 leaves the C library's defaults."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
       "Threads for compression/decompression on the worker (0 = on the communication thread)."),
     S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),

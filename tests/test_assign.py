@@ -42,3 +42,15 @@ def test_disagreement_names_tensor_and_both_ranks():
     a.assign(0, {"name": "fc.weight", "shape": [10, 4], "dtype": "float32", "parts": [160]})
     r = a.assign(3, {"name": "fc.weight", "shape": [4, 10], "dtype": "float32", "parts": [160]})
     assert "fc.weight" in r["error"] and "rank 0" in r["error"] and "rank 3" in r["error"]
+
+
+def test_disagreement_is_repeated_to_a_late_declarer():
+    """A worker that declares a tensor only after two others disagreed on it gets the
+    same error (it would otherwise be assigned a key whose INIT never completes)."""
+    a = Assigner(2)
+    req = {"name": "w", "shape": [12], "dtype": "float32", "parts": [48]}
+    assert "key" in a.assign(2, req)
+    first = a.assign(0, dict(req, shape=[10], parts=[40]))
+    assert "differs across workers" in first["error"] and not first.get("repeat")
+    late = a.assign(1, req)  # agrees with rank 2, but the tensor is already broken
+    assert late["error"] == first["error"] and late["repeat"]

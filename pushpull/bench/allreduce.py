@@ -3,8 +3,10 @@
 round-trip rate as the transport ceiling.
 
 Tensors: ResNet-50's gradients (25.6 M parameters in 161 tensors, from the
-shipped profile). Each iteration reduces all of them, every tensor in flight
-at once (push_pull_async / all_reduce(async_op=True)), then waits for all.
+shipped profile). Each iteration reduces all of them in place, every tensor in
+flight at once (push_pull_async_inplace / all_reduce(async_op=True), both
+writing into the gradient tensors as an optimizer wrapper does), then waits
+for all.
 
 Ratios printed:
 * ``ratio_vs_allreduce`` = all-reduce time / push_pull time (> 1: pushpull faster);
@@ -42,18 +44,23 @@ class ZmqEcho:
     Measured between the push_pull and gloo rounds, so all three see the same
     machine load."""
 
-    def __init__(self, rank: int, host: str, port: int, chunk: int = 4 * MiB, window: int = 8):
+    def __init__(self, rank: int, host: str, chunk: int = 4 * MiB, window: int = 8):
         import zmq
 
-        self.rank, self.chunk, self.window = rank, chunk, window
+        self.rank, self.host, self.chunk, self.window = rank, host, chunk, window
         self.ctx = zmq.Context()
-        if rank == 1:
+        self.port = 0
+        if rank == 1:  # bound at once on a port the OS picks: nothing can take it before rank 0 connects
             self.sock = self.ctx.socket(zmq.ROUTER)
-            self.sock.bind(f"tcp://{host}:{port}")
+            self.port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
             self.sock = self.ctx.socket(zmq.DEALER)
-            self.sock.connect(f"tcp://{host}:{port}")
         self.buf = bytearray(os.urandom(1024) * (chunk // 1024))
+
+    def connect(self, port: int) -> None:
+        """Rank 0: connect to rank 1's port (learnt through push_pull)."""
+        if self.rank == 0:
+            self.sock.connect(f"tcp://{self.host}:{port}")
 
     def round(self, total_bytes: int) -> float:
         """Rank 0: seconds to bounce ``total_bytes`` there and back. Rank 1: echo them."""
@@ -80,7 +87,10 @@ class ZmqEcho:
         return 2 * max(1, total_bytes // self.chunk) * self.chunk
 
     def close(self) -> None:
-        self.sock.close(0)
+        """Rank 1's last echoes may still be queued when its loop ends: closing with no
+        linger dropped them and left rank 0 waiting (the old intermittent hang). Linger
+        until they are out, bounded."""
+        self.sock.close(linger=30_000)
         self.ctx.term()
 
 
@@ -96,16 +106,19 @@ def child_main(args) -> int:
     rank, size = bps.rank(), bps.size()
     cfg = bps.config()
     os.environ.setdefault("MASTER_ADDR", cfg.root_uri)
-    # ports picked free by the rank that binds them and shared through push_pull: a fixed
-    # offset from the scheduler's port can collide with a server's or gloo's own ports
+    # rank 0's gloo rendezvous port and rank 1's echo port, shared through push_pull; the echo
+    # socket is bound before its port is published, so no other process can take it meanwhile
     from pushpull.launch.cli import free_port
 
+    echo = ZmqEcho(rank, cfg.root_uri) if rank in (0, 1) else None
     ports = torch.zeros(2, dtype=torch.int64)
     if rank == 0:
         ports[0] = free_port()
     if rank == 1:
-        ports[1] = free_port()
+        ports[1] = echo.port
     ports = bps.push_pull(ports, average=False, name="bench.ports")
+    if echo:
+        echo.connect(int(ports[1]))
     os.environ.setdefault("MASTER_PORT", str(int(ports[0])))
     dist.init_process_group("gloo", rank=rank, world_size=size, timeout=__import__("datetime").timedelta(seconds=120))
     sizes = resnet50_sizes()
@@ -114,7 +127,7 @@ def child_main(args) -> int:
 
     def pp_round() -> float:
         t0 = time.perf_counter()
-        hs = [bps.push_pull_async(t, average=True, name=f"g{i}", priority=-i) for i, t in enumerate(tensors)]
+        hs = [bps.push_pull_async_inplace(t, average=True, name=f"g{i}", priority=-i) for i, t in enumerate(tensors)]
         for h in hs:
             bps.synchronize(h)
         return time.perf_counter() - t0
@@ -126,7 +139,6 @@ def child_main(args) -> int:
             w.wait()
         return time.perf_counter() - t0
 
-    echo = ZmqEcho(rank, cfg.root_uri, int(ports[1])) if rank in (0, 1) else None
     pp_round()  # declares keys, warms up
     ar_round()
     if echo:
@@ -140,6 +152,7 @@ def child_main(args) -> int:
         dist.barrier()
         if echo:
             zq.append(echo.round(nbytes))
+    dist.barrier()  # rank 0 has every echo back before rank 1 closes its socket
     if echo:
         moved = echo.bytes_moved(nbytes)
         echo.close()

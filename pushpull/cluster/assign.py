@@ -48,11 +48,14 @@ class Assigner:
         decl = {"shape": list(req["shape"]), "dtype": str(req["dtype"]), "parts": [int(p) for p in req["parts"]]}
         known = self.tensors.get(name)
         if known is not None:
+            if "error" in known:  # a worker that declares it after the disagreement learns of it too
+                return {"error": known["error"], "repeat": True}
             if known["decl"] != decl:
-                return {"error": (
+                known["error"] = (
                     f"tensor {name!r} differs across workers: rank {known['rank']} declared "
                     f"{known['decl']['dtype']}{known['decl']['shape']}, rank {rank} declared "
-                    f"{decl['dtype']}{decl['shape']}")}
+                    f"{decl['dtype']}{decl['shape']}")
+                return {"error": known["error"]}
             return known["result"]
         if self.num_servers == 0:
             return {"error": f"tensor {name!r}: there are no servers (DMLC_NUM_SERVER=0)"}

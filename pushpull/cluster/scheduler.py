@@ -167,9 +167,10 @@ class Scheduler:
         req = decode_json(msg.body())
         result = self.assigner.assign(node.node_id, req)
         if "error" in result:
-            # every worker must learn of it, not only the one that asked
+            # every worker must learn of it, not only the one that asked; one that had not declared
+            # the tensor yet drops this and gets the error again when it does ("repeat")
             text = result["error"]
-            for w in self.workers.values():
+            for w in ([node] if result.get("repeat") else self.workers.values()):
                 self._send(w, Header(MsgType.ERROR, req_id=msg.header.req_id, extra=1),
                            [encode_json({"error": text, "tensor": req.get("name")})])
             return

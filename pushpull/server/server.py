@@ -25,6 +25,7 @@ from pushpull.server.reduce import wire_view
 from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, ProtocolError, decode_json, dtype_code, dtype_name, encode_json,
 )
+from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class Server:
         self.van.call_later(1.0, self._check_inits, every=1.0)
 
     def run(self) -> int:
+        if self.cfg.keep_freed_buffers:
+            keep_freed_buffers()
         self.van.start()
         try:
             self.member.register()
