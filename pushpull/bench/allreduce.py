@@ -22,10 +22,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from pushpull.bench.jobs import run_job
 
 MiB = 1 << 20
 
@@ -181,18 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args)
     if args.workers < 2:
         p.error("--workers must be >= 2 (all-reduce of one worker is a no-op)")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers",
-               str(args.servers), "--", sys.executable, "-m", "pushpull.bench.allreduce", "--child",
-               "--repeat", str(args.repeat), "--out", out]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if res.returncode != 0 or not os.path.exists(out):
-            print(res.stdout[-3000:], res.stderr[-3000:], sep="\n", file=sys.stderr)
-            print("pushpull bench allreduce: the benchmark job failed", file=sys.stderr)
-            return 1
-        with open(out) as f:
-            r = json.load(f)
+    r = run_job("pushpull bench allreduce", args.workers, args.servers,
+                [sys.executable, "-m", "pushpull.bench.allreduce", "--child", "--repeat", str(args.repeat)],
+                timeout=900)
+    if r is None:
+        return 1
     ceiling = {"rate_Bps": r["zmq_bytes"] / statistics.median(r["zmq_times"])}
     pp = statistics.median(r["pushpull_times"])
     ar = statistics.median(r["allreduce_times"])

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from pushpull.bench.jobs import run_job
 
 STRATEGIES = ["wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler"]
 # "<strategy>+lw": the same strategy with layer-wise updates (ScheduledOptimizer), which is how
@@ -257,28 +256,17 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.model not in models.MODELS:
             p.error(f"--model {args.model!r}: not a profile, 'mlp' or a model of pushpull.bench.models")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        child = [sys.executable, "-m", "pushpull.bench.scheduling", "--child", "--out", out]
-        for a in ("model", "steps", "warmup", "rounds", "ratio", "compute_scale", "size_scale", "batch",
-                  "partition_bytes", "credit_bytes"):
-            v = getattr(args, a)
-            if v is not None:
-                child += [f"--{a.replace('_', '-')}", str(v)]
-        child += ["--strategies", ",".join(args.strategies)]
-        cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers",
-               str(args.servers), "--env", f"PUSHPULL_BACKEND={args.backend}", "--", *child]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"pushpull bench scheduling: no result within {args.timeout:.0f}s (--timeout)", file=sys.stderr)
-            return 1
-        if res.returncode != 0 or not os.path.exists(out):
-            print(res.stdout[-4000:], res.stderr[-4000:], sep="\n", file=sys.stderr)
-            print("pushpull bench scheduling: the benchmark job failed", file=sys.stderr)
-            return 1
-        with open(out) as f:
-            r = json.load(f)
+    child = [sys.executable, "-m", "pushpull.bench.scheduling", "--child"]
+    for a in ("model", "steps", "warmup", "rounds", "ratio", "compute_scale", "size_scale", "batch",
+              "partition_bytes", "credit_bytes"):
+        v = getattr(args, a)
+        if v is not None:
+            child += [f"--{a.replace('_', '-')}", str(v)]
+    child += ["--strategies", ",".join(args.strategies)]
+    r = run_job("pushpull bench scheduling", args.workers, args.servers, child, timeout=args.timeout,
+                env={"PUSHPULL_BACKEND": args.backend})
+    if r is None:
+        return 1
     summary = summarize(r)
     info = r["info"]
     print(f"pushpull bench scheduling: model {args.model} ({info['kind']}), {r['workers']} workers, "
