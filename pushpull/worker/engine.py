@@ -230,7 +230,9 @@ class Engine:
                 raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
                                  f"starting another with the same name")
             entry.busy = True
-        op = Op(Handle(name, None), entry, _raw_bytes(src), out, _raw_bytes(out), average, priority,
+        inp = _raw_bytes(src)
+        out_bytes = inp if out.data_ptr() == src.data_ptr() else _raw_bytes(out)  # in place: one view
+        op = Op(Handle(name, None), entry, inp, out, out_bytes, average, priority,
                 device=device if device.type != "cpu" else None, user_out=user_out)
         op.handle._describe = lambda: self._describe(op)
         op.handle.output = output if output is not None else out
