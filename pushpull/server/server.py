@@ -234,7 +234,10 @@ class Server:
         h = msg.header
         data = self._decode_push(msg, ks)
         done = ks.push(h.round, h.sender, data)
-        self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+        if not h.flags & Flags.NO_ACK:
+            self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+        if h.flags & Flags.PULL:  # the pull rides on the push (ps-lite's ZPushPull): answered with the round
+            ks.pull(h.round, h.sender).waiting.append((identity, h.sender, h.req_id))
         if done is not None:
             for ident, rank, req_id in done.waiting:
                 self._answer_pull(ident, rank, req_id, h.key, h.round, ks, done)
@@ -264,8 +267,9 @@ class Server:
         if h.type == MsgType.PUSH:
             data = self._decode_push(msg, ks)
             np.add(ks.store, data, out=ks.store, casting="unsafe")
-            self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
-        else:
+            if not h.flags & Flags.NO_ACK:
+                self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+        if h.type == MsgType.PULL or h.flags & Flags.PULL:
             from pushpull.server.reduce import Accumulator
 
             acc = Accumulator(ks.dtype, ks.numel)

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x5050  # "PP"
-VERSION = 1
+VERSION = 2
 
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra
 _FMT = "<HBBBBiQqQQII"
@@ -47,6 +47,8 @@ class MsgType(enum.IntEnum):
 class Flags(enum.IntFlag):
     NONE = 0
     COMPRESSED = 1      # payload is a compression payload, not raw dtype bytes
+    PULL = 2            # a PUSH that also asks for the round's sum (one request instead of PUSH + PULL)
+    NO_ACK = 4          # a PUSH whose sender wants no PUSH_ACK (no credit or trace waits on it)
 
 
 # dtype code <-> torch dtype name; the server needs only the name and item size

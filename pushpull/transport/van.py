@@ -39,6 +39,7 @@ class Van:
         self._poller = zmq.Poller()
         self._outbox: collections.deque = collections.deque()
         self._wake_lock = threading.Lock()
+        self._wake_pending = False
         wake_addr = f"inproc://van-wake-{id(self)}-{next(self._ids)}"
         self._wake_rx = self.ctx.socket(zmq.PULL)
         self._wake_rx.bind(wake_addr)
@@ -116,11 +117,15 @@ class Van:
         heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), every, fn))
 
     def _wake(self) -> None:
+        # one wake-up message per batch of queued work (see the loop for why none is lost)
+        if self._wake_pending:
+            return
         with self._wake_lock:
+            self._wake_pending = True
             try:
                 self._wake_tx.send(b"", zmq.NOBLOCK)
             except zmq.ZMQError:
-                pass  # already woken, or shutting down
+                pass  # shutting down
 
     def _send_now(self, sid: str, parts: list) -> None:
         s = self._sockets.get(sid)
@@ -170,6 +175,9 @@ class Van:
                             self._wake_rx.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         pass
+                    # cleared after the wake-ups are consumed, before the outbox is drained: a set
+                    # flag always has a wake-up message behind it, so no item can wait for the timeout
+                    self._wake_pending = False
                 self._drain_outbox()
                 for s, (sid, handler, router) in list(self._handlers.items()):
                     if s in events:

@@ -336,17 +336,20 @@ class Engine:
         p.held = nbytes
         view = op.inp[p.offset:p.offset + p.nbytes]
         itemsize = torch.empty((), dtype=e.dtype).element_size()
-        flags = 0
+        # one request carries the push and the pull; the PUSH_ACK is wanted only to return a limited
+        # credit early or for the trace (half the messages per partition otherwise)
+        flags = Flags.PULL
+        if self.queue.credit_bytes <= 0 and self.tracer is None:
+            flags |= Flags.NO_ACK
         frame = view
         if p.codec is not None:
             frame = p.codec.compress(view)
-            flags = Flags.COMPRESSED
+            flags |= Flags.COMPRESSED
         sock = f"s{p.server}"
         nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
         self.van.send(sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round,
                                    dtype=dtype_code(DTYPE_NAME[e.dtype]), numel=p.nbytes // itemsize,
                                    nbytes=nb, flags=flags), [frame])
-        self.van.send(sock, Header(MsgType.PULL, sender=self.rank, key=p.key, round=op.round))
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
