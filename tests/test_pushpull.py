@@ -32,9 +32,13 @@ def assert_ok(res: subprocess.CompletedProcess, workers: int) -> None:
     assert out.count("ALL-OK") == workers, out[-4000:]
 
 
-@pytest.mark.parametrize("workers,servers", [(1, 1), (2, 1), (2, 3), (3, 2), (4, 3)])
-def test_all_cases_across_cluster_shapes(workers, servers):
+# engines: the servers' summation threads (None: the launcher's choice; 0: on the receiving thread)
+@pytest.mark.parametrize("workers,servers,engines", [(1, 1, None), (2, 1, None), (2, 3, "0"), (3, 2, None),
+                                                     (4, 3, "4")])
+def test_all_cases_across_cluster_shapes(workers, servers, engines):
     env = {"BYTEPS_PARTITION_BYTES": "40000"}
+    if engines is not None:
+        env["BYTEPS_SERVER_ENGINE_THREAD"] = engines
     if workers == 1:
         env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker, but through a real server
     assert_ok(launch(workers, servers, "all", env=env), workers)

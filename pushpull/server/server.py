@@ -125,7 +125,10 @@ class Server:
                     self._error(identity, h.key, f"{h.type.name} for key {h.key} before its INIT completed",
                                 h.req_id)
                     return
-                self.engines[h.key % len(self.engines)].put((identity, msg, ks))
+                if self.engines:
+                    self.engines[h.key % len(self.engines)].put((identity, msg, ks))
+                else:  # no hand-off: sum here (zmq's own thread keeps receiving meanwhile)
+                    self._serve(identity, msg, ks)
             else:
                 self._error(identity, h.key, f"a server does not handle {h.type.name}", h.req_id)
         except ProtocolError as e:
@@ -198,20 +201,23 @@ class Server:
             item = q.get()
             if item is None:
                 return
-            identity, msg, ks = item
-            h = msg.header
-            try:
-                if ks.store is not None:
-                    self._async_op(identity, msg, ks)
-                elif h.type == MsgType.PUSH:
-                    self._push(identity, msg, ks)
-                else:
-                    self._pull(identity, msg, ks)
-            except (RoundError, ProtocolError, ValueError) as e:
-                self._error(identity, h.key, str(e), h.req_id)
-            except Exception as e:  # never let one bad request kill an engine thread
-                log.exception("engine failed on %s for %r", h.type.name, ks.name)
-                self._error(identity, h.key, f"server error on tensor {ks.name!r}: {e!r}", h.req_id)
+            self._serve(*item)
+
+    def _serve(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        """One push or pull of a key, on its engine thread (or on the I/O thread with 0 engines)."""
+        h = msg.header
+        try:
+            if ks.store is not None:
+                self._async_op(identity, msg, ks)
+            elif h.type == MsgType.PUSH:
+                self._push(identity, msg, ks)
+            else:
+                self._pull(identity, msg, ks)
+        except (RoundError, ProtocolError, ValueError) as e:
+            self._error(identity, h.key, str(e), h.req_id)
+        except Exception as e:  # never let one bad request kill an engine thread
+            log.exception("engine failed on %s for %r", h.type.name, ks.name)
+            self._error(identity, h.key, f"server error on tensor {ks.name!r}: {e!r}", h.req_id)
 
     def _decode_push(self, msg: Msg, ks: KeyState) -> np.ndarray:
         h = msg.header
