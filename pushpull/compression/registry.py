@@ -162,8 +162,9 @@ def build_server(spec: Mapping | str | None = None, *, lr_getter: Callable[[], f
     and never applies momentum (that already happened on the workers);
     random-k sums are sent on their own support (:class:`RandomKSum`).
 
-    ``lr_getter`` is accepted for symmetry; the server has no learning rate
-    (it is not on the wire), so its error feedback uses the ratio 1.
+    ``lr_getter``: the workers' current learning rate (the server codec takes it
+    from each compressed push's header), so the server's error feedback
+    rescales by the same ratio as the workers'.
     """
     spec = normalize_spec(spec)
     if spec["compressor"] == "randomk":

@@ -1,6 +1,8 @@
 """Server side of compression for one key (BytePS semantics): decode each
 worker's push, sum, and compress the sum again for the pull, with the server's
-own error feedback and no momentum."""
+own error feedback and no momentum. The error feedback rescales its residual
+by the learning-rate ratio like the workers', with the rate each push carries
+in its header (BytePS' servers read the same lr file as the workers)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +20,8 @@ class ServerCodec:
             raise ValueError(f"compression needs a floating-point tensor, got {dtype}")
         self.dtype = _TORCH[dtype]
         self.numel = numel
-        self.chain = build_server(spec, seed_offset=key)
+        self.lr = 1.0  # set from each compressed push's header: the learning rate the workers train with
+        self.chain = build_server(spec, seed_offset=key, lr_getter=lambda: self.lr)
 
     def decompress_push(self, sender: int, buf) -> np.ndarray:
         """The push as NumPy data in the wire representation the accumulator sums."""

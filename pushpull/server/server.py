@@ -23,7 +23,7 @@ from pushpull.config import Config
 from pushpull.server.keystate import KeyState, RoundError
 from pushpull.server.reduce import wire_view
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, ProtocolError, decode_json, dtype_code, dtype_name, encode_json,
+    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, dtype_name, encode_json,
 )
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.van import Van
@@ -226,6 +226,7 @@ class Server:
         if h.flags & Flags.COMPRESSED:
             if ks.codec is None:
                 raise ProtocolError(f"tensor {ks.name!r}: compressed push but no compression was declared")
+            ks.codec.lr = bits_f32(h.extra) or 1.0  # the workers' learning rate, for the sum's error feedback
             return ks.codec.decompress_push(h.sender, buf)
         if h.numel != ks.numel or dtype_name(h.dtype) != ks.dtype:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {dtype_name(h.dtype)}[{h.numel}], "

@@ -135,6 +135,15 @@ def decode(frames: list) -> Msg:
     return Msg(Header.unpack(bytes(buf)), list(frames[1:]))
 
 
+def f32_bits(x: float) -> int:
+    """A float carried in a header's 32-bit ``extra`` field (a compressed push's learning rate)."""
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def bits_f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
 def encode_json(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 

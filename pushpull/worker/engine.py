@@ -21,7 +21,7 @@ from pushpull.cluster.assign import part_key
 from pushpull.cluster.member import Member
 from pushpull.config import Config, WorkerIdentity
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json,
+    Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json, f32_bits,
 )
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.van import Van
@@ -197,6 +197,11 @@ class Engine:
             min_bytes = 0
         use_compression = compression if (compression and nbytes >= min_bytes
                                            and dtype.is_floating_point) else None
+        if (use_compression is None and compression and dtype.is_floating_point and nbytes > 0
+                and compression["momentum"] != "none"):
+            # worker momentum replaces the optimizer's for every tensor, so a tensor too small to be
+            # compressed still gets it (sent raw through the identity codec), or it would get none
+            use_compression = dict(compression, compressor="none", ef="none")
         e = Entry(name, shape, dtype, use_compression, parts)
         self.entries[name] = e
         return e
@@ -342,14 +347,16 @@ class Engine:
         if self.queue.credit_bytes <= 0 and self.tracer is None:
             flags |= Flags.NO_ACK
         frame = view
+        extra = 0
         if p.codec is not None:
             frame = p.codec.compress(view)
             flags |= Flags.COMPRESSED
+            extra = f32_bits(self._lr())  # the server's error feedback rescales by the same lr ratio
         sock = f"s{p.server}"
         nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
         self.van.send(sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round,
                                    dtype=dtype_code(DTYPE_NAME[e.dtype]), numel=p.nbytes // itemsize,
-                                   nbytes=nb, flags=flags), [frame])
+                                   nbytes=nb, flags=flags, extra=extra), [frame])
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb

@@ -53,6 +53,18 @@ if bps.engine().entries["c.small"].compression is not None:
 if n == 1 and not torch.equal(got, small):
     fail("an uncompressed small tensor must come back exactly")
 
+# ... but worker momentum still applies to them (it replaces the optimizer's): m = mu m + g; g' = g + mu m
+spec = {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov", "mu": 0.5}
+g = torch.full((10,), float(bps.rank() + 1))
+for step in (1, 2):
+    got = bps.push_pull(g, average=False, name="c.small.momentum", compression=spec)
+    if bps.engine().entries["c.small.momentum"].compression["compressor"] != "none":
+        fail("a small tensor with worker momentum must travel uncompressed")
+    m_sum = sum(float(r + 1) for r in range(n)) * (1.0 if step == 1 else 1.5)  # m1 = g, m2 = 0.5 g + g
+    want = sum(float(r + 1) for r in range(n)) + 0.5 * m_sum
+    if not torch.allclose(got, torch.full((10,), want)):
+        fail(f"momentum on a small tensor, step {step}: got {got[0].item()}, want {want}")
+
 # a bad spec fails at once, naming the tensor
 try:
     bps.push_pull(x, name="c.bad", compression={"compressor": "zip"})
