@@ -164,7 +164,7 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     # oversubscribe the cores many times over (15x slower seen on 2 cores)
     common.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     # the same for the servers' summation threads: BytePS' 4 per server assume a machine of their own;
-    # here they share the cores with the workers (4 per server on 2 cores: 10-15 % slower, GIL hand-offs)
+    # here they share the cores with the workers (4 per server on 2 cores: about 10 % slower, GIL hand-offs)
     if not any(k in common for k in ("PUSHPULL_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD")):
         common["PUSHPULL_SERVER_ENGINE_THREAD"] = str(max(1, min(4, (os.cpu_count() or 1) // (workers + servers))))
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",

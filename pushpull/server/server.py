@@ -226,7 +226,7 @@ class Server:
         if h.flags & Flags.COMPRESSED:
             if ks.codec is None:
                 raise ProtocolError(f"tensor {ks.name!r}: compressed push but no compression was declared")
-            ks.codec.lr = bits_f32(h.extra) or 1.0  # the workers' learning rate, for the sum's error feedback
+            ks.codec.lr = bits_f32(h.extra)  # the workers' learning rate, for the sum's error feedback
             return ks.codec.decompress_push(h.sender, buf)
         if h.numel != ks.numel or dtype_name(h.dtype) != ks.dtype:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {dtype_name(h.dtype)}[{h.numel}], "

@@ -101,8 +101,8 @@ class Engine:
         self.ident = ident
         self.rank = ident.rank
         self.size = ident.size
-        # averaging multiplies by 1/n: a vector multiply runs at memory speed where a divide does not
-        # (exact for powers of two, within one rounding of x / n otherwise, as Horovod's postscale)
+        # averaging multiplies by 1/n, as Horovod's postscale factor: exact for powers of two,
+        # within one rounding of x / n otherwise
         self.inv_size = 1.0 / ident.size
         self.van = Van(f"worker{ident.rank}")
         self.member = Member(self.van, cfg, {"role": "worker", "rank": ident.rank, "size": ident.size,
