@@ -73,6 +73,7 @@ class Entry:
     round: int = 0
     waiting: list = field(default_factory=list)  # ops queued until the entry is ready
     pending_inits: int = 0
+    itemsize: int = 1
 
 
 @dataclass
@@ -202,7 +203,7 @@ class Engine:
             # worker momentum replaces the optimizer's for every tensor, so a tensor too small to be
             # compressed still gets it (sent raw through the identity codec), or it would get none
             use_compression = dict(compression, compressor="none", ef="none")
-        e = Entry(name, shape, dtype, use_compression, parts)
+        e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize)
         self.entries[name] = e
         return e
 
@@ -283,7 +284,7 @@ class Engine:
         if e.compression:
             from pushpull.worker.codec import WorkerCodec
 
-            itemsize = torch.empty((), dtype=e.dtype).element_size()
+            itemsize = e.itemsize
             try:
                 for p in e.parts:
                     p.codec = WorkerCodec(e.compression, e.dtype, p.nbytes // itemsize, key=p.key,
@@ -297,7 +298,7 @@ class Engine:
             self._entry_ready(e)
             return
         body = encode_json({"name": e.name, "compression": e.compression})
-        itemsize = torch.empty((), dtype=e.dtype).element_size()
+        itemsize = e.itemsize
         for p in e.parts:
             self.van.send(f"s{p.server}", Header(MsgType.INIT, sender=self.rank, key=p.key,
                                                    dtype=dtype_code(DTYPE_NAME[e.dtype]),
@@ -340,7 +341,7 @@ class Engine:
         self.ops[p.key] = op
         p.held = nbytes
         view = op.inp[p.offset:p.offset + p.nbytes]
-        itemsize = torch.empty((), dtype=e.dtype).element_size()
+        itemsize = e.itemsize
         # one request carries the push and the pull; the PUSH_ACK is wanted only to return a limited
         # credit early or for the trace (half the messages per partition otherwise)
         flags = Flags.PULL
