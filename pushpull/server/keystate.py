@@ -27,6 +27,7 @@ class Slot:
     waiting: list = field(default_factory=list)  # (identity, rank, req_id) pulls before the round completed
     acc: Accumulator | None = None
     out: object = None  # the payload answered to pulls (ndarray or bytes)
+    wire: object = None  # ``out`` as one frame shared by every pull answer (made on the first)
     ready: bool = False
 
 
@@ -55,6 +56,7 @@ class KeyState:
             slot.waiting.clear()
             slot.ready = False
             slot.out = None
+            slot.wire = None
             if slot.acc is None:
                 slot.acc = Accumulator(self.dtype, self.numel)
             return slot

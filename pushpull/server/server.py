@@ -260,12 +260,13 @@ class Server:
 
     def _answer_pull(self, identity, rank, req_id, key, rnd, ks: KeyState, slot) -> None:
         slot.pulled.add(rank)
-        out = slot.out
+        if slot.wire is None:
+            slot.wire = self.van.shared_frame(slot.out)
         compressed = ks.codec is not None
         self._reply(identity, Header(MsgType.PULL_RESP, key=key, round=rnd, req_id=req_id,
-                                     dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=len(memoryview(out).cast("B")),
+                                     dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=len(slot.wire),
                                      flags=Flags.COMPRESSED if compressed else 0),
-                    [out])
+                    [slot.wire])
 
     def _async_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         """BYTEPS_ENABLE_ASYNC: a push adds a delta to the parameters, a pull returns them at once."""

@@ -108,6 +108,13 @@ class Van:
             self._outbox.append((sid, parts))
             self._wake()
 
+    @staticmethod
+    def shared_frame(buf) -> zmq.Frame:
+        """A frame to send several times (one sum to every worker): libzmq shares its data by
+        reference count, so it is wrapped, and tracked for release, once instead of per send.
+        Small buffers are copied once, as pyzmq would copy them on every send anyway."""
+        return zmq.Frame(buf, copy=memoryview(buf).nbytes < zmq.COPY_THRESHOLD)
+
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread (thread-safe)."""
         self._outbox.append((None, fn))
