@@ -211,7 +211,10 @@ class Van:
         for _ in range(256):
             if not s.getsockopt(_EVENTS) & _POLLIN:
                 return
-            frames = s.recv_multipart(_NOBLOCK, copy=False)
+            try:
+                frames = s.recv_multipart(_NOBLOCK, copy=False)
+            except zmq.Again:  # not expected after POLLIN, but never worth the loop
+                return
             identity = None
             if router:
                 if len(frames) < 2:
