@@ -52,13 +52,12 @@ class Accumulator:
         self._held: np.ndarray | None = None  # the first push, not yet added
 
     def first(self, data: np.ndarray) -> None:
+        self._held = data if self._same else None
         if self._same:
-            self._held = data
-        elif self.dtype == "bfloat16":
-            self._held = None
+            return
+        if self.dtype == "bfloat16":
             bf16_to_f32(data, out=self.acc)
         else:
-            self._held = None
             np.copyto(self.acc, data, casting="unsafe")
 
     def add(self, data: np.ndarray) -> None:
