@@ -1,11 +1,16 @@
 """Wire format and robustness of a live server against malformed input."""
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pushpull.transport.protocol import HEADER_SIZE, Header, MsgType, ProtocolError, decode, dtype_code, dtype_name
+from pushpull.transport.protocol import (
+    HEADER_SIZE, Header, MsgType, ProtocolError, decode, dtype_code, dtype_name, pack_batch, unpack_batch,
+)
+from pushpull.transport.van import Van
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,3 +49,58 @@ def test_live_server_survives_garbage_and_answers_errors():
     assert res.returncode == 0, out[-3000:]
     assert "ALL-OK" in out
     assert out.count("error for") == 5, out[-3000:]
+
+
+def test_batch_round_trip_keeps_every_message_and_body():
+    msgs = [[Header(MsgType.PUSH, key=1, round=3).pack(), np.arange(5, dtype=np.float32)],
+            [Header(MsgType.PULL, key=2).pack()],                       # no body frame
+            [Header(MsgType.ERROR, key=3).pack(), b""],                  # an empty body frame
+            [Header(MsgType.INIT, key=4).pack(), b'{"name":"x"}']]
+    frames = pack_batch(msgs)
+    out = unpack_batch(decode(frames))
+    assert [m.header.key for m in out] == [1, 2, 3, 4]
+    assert out[0].header.round == 3 and np.frombuffer(out[0].body(), np.float32).tolist() == [0, 1, 2, 3, 4]
+    assert out[1].frames == [] and bytes(out[2].body()) == b"" and bytes(out[3].body()) == b'{"name":"x"}'
+
+
+@pytest.mark.parametrize("mangle,match", [
+    (lambda f: [f[0], f[1][:-1]], "runs past the batch"),
+    (lambda f: [f[0], f[1][:30]], "truncated"),
+    (lambda f: [f[0], f[1] + b"x"], "stray bytes"),
+    (lambda f: pack_batch([f]), "batch inside a batch"),
+])
+def test_malformed_batches_raise_protocol_error(mangle, match):
+    frames = pack_batch([[Header(MsgType.PULL, key=2).pack()], [Header(MsgType.PUSH, key=1).pack(), b"abcd"]])
+    with pytest.raises(ProtocolError, match=match):
+        unpack_batch(decode(mangle(frames)))
+
+
+def test_van_batches_small_messages_and_keeps_order_around_large_ones():
+    """Real sockets: small messages queued in one pass of the I/O loop arrive as few BATCH
+    messages, in order, and a large message between them is not overtaken."""
+    got, done = [], threading.Event()
+
+    def on_msg(identity, msg):
+        got.append((msg.header.key, memoryview(msg.body()).nbytes))
+        if msg.header.key == 200:
+            done.set()
+
+    rx, tx = Van("rx"), Van("tx", batch_bytes=1024)
+    port = rx.bind_router("r", "127.0.0.1", 0, on_msg)
+    rx.start()
+    tx.connect_dealer("d", f"tcp://127.0.0.1:{port}", b"tx", lambda m: None)
+    tx.start()
+    big = np.zeros(100_000, dtype=np.uint8)
+
+    def burst():
+        for k in range(200):
+            tx.send("d", Header(MsgType.PUSH, key=k + 1), [big if k == 99 else b"x" * (k % 7)])
+    tx.call_soon(burst)
+    try:
+        assert done.wait(10), f"only {len(got)} of 200 messages arrived"
+        assert [k for k, _ in got] == list(range(1, 201))
+        assert [n for _, n in got] == [100_000 if k == 99 else k % 7 for k in range(200)]
+        assert 2 <= tx.batches_sent <= 4 and tx.batched_messages == 199
+    finally:
+        tx.stop()
+        rx.stop()

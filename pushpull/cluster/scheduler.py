@@ -38,7 +38,7 @@ class NodeInfo:
 class Scheduler:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.van = Van("scheduler")
+        self.van = Van("scheduler", batch_bytes=cfg.batch_bytes)
         self.num_servers = cfg.num_server
         self.num_workers: int | None = None   # learnt from the first worker's declared size
         self.workers: dict[int, NodeInfo] = {}

@@ -53,7 +53,7 @@ def advertised_host(cfg: Config) -> str:
 class Server:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.van = Van("server")
+        self.van = Van("server", batch_bytes=cfg.batch_bytes)
         self.host = advertised_host(cfg)
         self.port = self.van.bind_router(SOCK, "0.0.0.0", 0, self._handle)
         self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x5050  # "PP"
-VERSION = 2
+VERSION = 3
 
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra
 _FMT = "<HBBBBiQqQQII"
@@ -42,6 +42,7 @@ class MsgType(enum.IntEnum):
     PULL_RESP = 25
     # either
     ERROR = 40
+    BATCH = 41          # several small messages for one peer in one frame (see pack_batch)
 
 
 _MSG_TYPES = {t.value: t for t in MsgType}
@@ -139,6 +140,53 @@ def decode(frames: list) -> Msg:
     first = frames[0]
     buf = first.buffer if hasattr(first, "buffer") else first
     return Msg(Header.unpack(bytes(buf)), list(frames[1:]))
+
+
+# a batched message: its header, then its body's length (NO_BODY: the message had no body frame), then the body
+_LEN = struct.Struct("<I")
+NO_BODY = 0xFFFFFFFF
+
+
+def pack_batch(messages: list) -> list:
+    """Frames of one BATCH message carrying ``messages`` (lists ``[header bytes]`` or
+    ``[header bytes, body]``). Small messages pay per-message costs far above their
+    bytes (a zmq message, a poll wake-up and a Python dispatch at each end); one
+    frame holding all of them pays those once."""
+    parts: list = []
+    for m in messages:
+        parts.append(m[0])
+        if len(m) > 1:
+            body = m[1]
+            parts.append(_LEN.pack(memoryview(body).nbytes))
+            parts.append(body)
+        else:
+            parts.append(_LEN.pack(NO_BODY))
+    return [Header(MsgType.BATCH, numel=len(messages)).pack(), b"".join(parts)]
+
+
+def unpack_batch(msg: "Msg") -> list:
+    """The messages inside a BATCH, each a :class:`Msg` whose body is a view of the batch frame."""
+    frame = msg.body()
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    out, off, end = [], 0, len(buf)
+    for _ in range(msg.header.numel):
+        if off + HEADER_SIZE + 4 > end:
+            raise ProtocolError(f"batch of {msg.header.numel} messages truncated after {len(out)}")
+        header = Header.unpack(bytes(buf[off:off + HEADER_SIZE]))
+        if header.type == MsgType.BATCH:
+            raise ProtocolError("a batch inside a batch")
+        (n,) = _LEN.unpack_from(buf, off + HEADER_SIZE)
+        off += HEADER_SIZE + 4
+        if n == NO_BODY:
+            out.append(Msg(header, []))
+            continue
+        if off + n > end:
+            raise ProtocolError(f"batched {header.type.name} body of {n} bytes runs past the batch")
+        out.append(Msg(header, [buf[off:off + n]]))
+        off += n
+    if off != end:
+        raise ProtocolError(f"{end - off} stray bytes after a batch of {msg.header.numel} messages")
+    return out
 
 
 def f32_bits(x: float) -> int:

@@ -105,7 +105,7 @@ class Engine:
         # averaging multiplies by 1/n, as Horovod's postscale factor: exact for powers of two,
         # within one rounding of x / n otherwise
         self.inv_size = 1.0 / ident.size
-        self.van = Van(f"worker{ident.rank}")
+        self.van = Van(f"worker{ident.rank}", batch_bytes=cfg.batch_bytes)
         self.member = Member(self.van, cfg, {"role": "worker", "rank": ident.rank, "size": ident.size,
                                              "local_rank": ident.local_rank, "local_size": ident.local_size},
                              on_message=self._scheduler_message)

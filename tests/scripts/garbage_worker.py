@@ -7,7 +7,7 @@ import torch
 import zmq
 
 import pushpull.torch as bps
-from pushpull.transport.protocol import Header, MsgType, decode, dtype_code
+from pushpull.transport.protocol import Header, MsgType, decode, dtype_code, pack_batch, unpack_batch
 
 bps.init()
 book = bps.engine().member.book
@@ -37,6 +37,21 @@ expect_error([Header(MsgType.PUSH, sender=0, key=12345, round=1).pack(), b"1234"
 expect_error([Header(MsgType.HEARTBEAT, sender=0).pack()], "a scheduler message sent to a server")
 expect_error([Header(MsgType.INIT, sender=0, key=77, numel=4, dtype=dtype_code("float32")).pack(), b"{not json"],
              "INIT with bad JSON")
+# batches: a truncated one and one nested in another are dropped whole; each message of a good
+# one is handled (both errors come back, batched or not)
+bad_pair = pack_batch([[Header(MsgType.PUSH, sender=0, key=4242, round=1).pack(), b"1234"],
+                       [Header(MsgType.PULL, sender=0, key=4343, round=1).pack()]])
+s.send_multipart([bad_pair[0], bad_pair[1][:-3]])
+s.send_multipart(pack_batch([bad_pair]))
+s.send_multipart(bad_pair)
+answers = []
+while len(answers) < 2 and s.poll(5000):
+    msg = decode(s.recv_multipart())
+    answers += unpack_batch(msg) if msg.header.type == MsgType.BATCH else [msg]
+if sorted((m.header.type, m.header.key) for m in answers) != [(MsgType.ERROR, 4242), (MsgType.ERROR, 4343)]:
+    print(f"FAIL: a batch of two bad requests answered {[(m.header.type.name, m.header.key) for m in answers]}")
+    sys.exit(3)
+print("batched errors:", [json.loads(bytes(m.body()))["error"] for m in answers])
 # a valid tensor, then a push with the wrong length for it
 x = bps.push_pull(torch.ones(8), name="t", average=False)
 key = next(p.key for p in bps.engine().entries["t"].parts)
