@@ -42,6 +42,7 @@ class KeyState:
     codec: object = None  # server-side compression (decompress pushes, re-compress the sum)
     slots: list = field(default_factory=lambda: [Slot(), Slot()])
     store: np.ndarray | None = None  # async mode: the parameters
+    inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
 
     def _slot_for_push(self, rnd: int, rank: int) -> Slot:
         slot = self.slots[rnd % 2]

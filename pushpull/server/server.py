@@ -31,6 +31,9 @@ from pushpull.transport.van import Van
 log = logging.getLogger(__name__)
 
 SOCK = "workers"
+# keys up to this size are summed on the I/O thread even with engine threads: queueing a push for
+# another thread and waking it costs more than adding a few thousand numbers
+INLINE_KEY_BYTES = 65536
 
 
 def advertised_host(cfg: Config) -> str:
@@ -125,7 +128,7 @@ class Server:
                     self._error(identity, h.key, f"{h.type.name} for key {h.key} before its INIT completed",
                                 h.req_id)
                     return
-                if self.engines:
+                if self.engines and not ks.inline:
                     self.engines[h.key % len(self.engines)].put((identity, msg, ks))
                 else:  # no hand-off: sum here (zmq's own thread keeps receiving meanwhile)
                     self._serve(identity, msg, ks)
@@ -165,6 +168,7 @@ class Server:
                 self._error(ident, h.key, text, req_id)
             return
         ks = KeyState(h.key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
+        ks.inline = decl["numel"] * wire_view(b"", decl["dtype"]).itemsize <= INLINE_KEY_BYTES
         if decl["compression"]:
             try:
                 from pushpull.server.codec import ServerCodec

@@ -39,10 +39,14 @@ DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float3
 
 # dtypes NumPy can average in place as they arrive (bfloat16 has no NumPy type)
 _NP_FLOAT = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+_NP_VIEW = set(SUPPORTED) - {torch.bfloat16}
 
 
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
-    """A writable uint8 NumPy view of a contiguous CPU tensor's memory."""
+    """A writable uint8 NumPy view of a contiguous CPU tensor's memory (through NumPy when it has
+    the dtype: half the cost of torch's reshape and view, paid per tensor per step)."""
+    if t.dtype in _NP_VIEW:
+        return t.numpy().reshape(-1).view(np.uint8)
     return t.reshape(-1).view(torch.uint8).numpy()
 
 

@@ -13,28 +13,46 @@ class PushPullError(RuntimeError):
 class Handle:
     """Completion of one push_pull; thread-safe. ``describe`` says what it waits on."""
 
+    # a handle per tensor per step: a plain lock held until completion is the latch (an Event
+    # builds a Condition, an RLock and a deque, and notifies through them); one lock shared by all
+    # handles guards the rare done-callbacks
+    __slots__ = ("name", "output", "error", "_done", "_latch", "_callbacks", "_describe", "submitted")
+    _callbacks_lock = threading.Lock()
+
     def __init__(self, name: str, output, describe: Callable[[], str] | None = None):
         self.name = name
         self.output = output
         self.error: str | None = None
-        self._event = threading.Event()
-        self._callbacks: list[Callable[["Handle"], None]] = []
-        self._lock = threading.Lock()
+        self._done = False
+        self._latch = threading.Lock()
+        self._latch.acquire()
+        self._callbacks: list[Callable[["Handle"], None]] | None = None
         self._describe = describe
         self.submitted = time.monotonic()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
-        with self._lock:
-            if not self._event.is_set():
+        with Handle._callbacks_lock:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
                 return
         fn(self)
 
+    def _wait_done(self, timeout: float) -> bool:
+        """True once complete; waiters pass the latch on to each other."""
+        if self._done:
+            return True
+        if self._latch.acquire(timeout=max(0.0, timeout)):
+            self._latch.release()
+            return True
+        return self._done
+
     def wait(self, timeout: float):
-        if not self._event.wait(timeout):
+        if not self._wait_done(timeout):
             what = self._describe() if self._describe else "no reply"
             raise PushPullError(f"push_pull of tensor {self.name!r} did not finish within {timeout:.0f}s "
                                 f"(PUSHPULL_TIMEOUT): {what}")
@@ -55,17 +73,18 @@ class Handle:
                 what = self._describe() if self._describe else "no reply"
                 raise PushPullError(f"{op} of tensor {self.name!r} did not finish within {timeout:.0f}s "
                                     f"(PUSHPULL_TIMEOUT): {what}")
-            self._event.wait(min(left, 0.25))
+            self._wait_done(min(left, 0.25))
         return self.wait(0.0)
 
     def _finish(self, error: str | None = None) -> None:
-        with self._lock:
-            if self._event.is_set():
+        with Handle._callbacks_lock:
+            if self._done:
                 return
             self.error = error
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, None
+        self._latch.release()
+        for fn in callbacks or ():
             fn(self)
 
     def complete(self) -> None:
