@@ -67,6 +67,7 @@ class Server:
         self.num_workers = 0
         self.node_id = -1
         self.engines = [queue.SimpleQueue() for _ in range(cfg.server_engine_thread)]
+        self._handoffs: dict[int, list] = {}  # engine -> requests of this pass (I/O thread only)
         self.threads = [threading.Thread(target=self._engine, args=(q,), name=f"engine-{i}", daemon=True)
                         for i, q in enumerate(self.engines)]
         self.van.call_later(1.0, self._check_inits, every=1.0)
@@ -129,7 +130,7 @@ class Server:
                                 h.req_id)
                     return
                 if self.engines and not ks.inline:
-                    self.engines[h.key % len(self.engines)].put((identity, msg, ks))
+                    self._hand_off(h.key % len(self.engines), (identity, msg, ks))
                 else:  # no hand-off: sum here (zmq's own thread keeps receiving meanwhile)
                     self._serve(identity, msg, ks)
             else:
@@ -200,12 +201,25 @@ class Server:
                 del self.pending_inits[key]
 
     # ------------------------------------------------------------ engines --
+    def _hand_off(self, engine: int, item: tuple) -> None:
+        """Queue a request for its engine thread; the requests of one pass of the I/O loop go
+        over together at its end (one wake-up, and no engine queueing for the GIL mid-pass)."""
+        if not self._handoffs:
+            self.van.at_pass_end(self._flush_handoffs)
+        self._handoffs.setdefault(engine, []).append(item)
+
+    def _flush_handoffs(self) -> None:
+        handoffs, self._handoffs = self._handoffs, {}
+        for engine, items in handoffs.items():
+            self.engines[engine].put(items)
+
     def _engine(self, q: queue.SimpleQueue) -> None:
         while True:
-            item = q.get()
-            if item is None:
+            items = q.get()
+            if items is None:
                 return
-            self._serve(*item)
+            for item in items:
+                self._serve(*item)
 
     def _serve(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         """One push or pull of a key, on its engine thread (or on the I/O thread with 0 engines)."""

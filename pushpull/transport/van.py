@@ -54,6 +54,7 @@ class Van:
         self.batch_bytes = batch_bytes
         # (socket id, identity) -> [bytes held, [parts, ...]]; touched on the I/O thread only
         self._batches: dict[tuple, list] = {}
+        self._deferred: list[Callable[[], None]] = []  # run once the current pass is done
         self.batches_sent = 0  # BATCH messages sent (messages batched: batched_messages)
         self.batched_messages = 0
         self.ctx = zmq.Context(io_threads=1)
@@ -139,6 +140,21 @@ class Van:
         """Run ``fn`` on the I/O thread (thread-safe)."""
         self._outbox.append((None, None, fn))
         self._wake()
+
+    def at_pass_end(self, fn: Callable[[], None]) -> None:
+        """On the I/O thread: run ``fn`` once the current pass of the loop has handled everything
+        that arrived. Waking another thread (a waiter, an engine) in the middle of a pass makes it
+        queue for the GIL this thread holds; at the end of the pass this thread is about to poll,
+        so the woken thread runs at once, and a pass's many completions cost one wake-up."""
+        self._deferred.append(fn)
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for fn in deferred:
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: end-of-pass callback failed", self.name)
 
     def call_later(self, delay: float, fn: Callable[[], None], every: float = 0.0) -> None:
         """Run ``fn`` on the I/O thread after ``delay`` s, then every ``every`` s if > 0.
@@ -247,8 +263,11 @@ class Van:
                 self._run_timers()
                 if self._batches:
                     self._flush_all()
+                if self._deferred:
+                    self._run_deferred()
         finally:
             self._flush_all()
+            self._run_deferred()
             self._close()
             self._stopped.set()
 

@@ -126,6 +126,7 @@ class Engine:
         self.started = False
         self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0}
         self.tracer = None  # set by the torch layer when tracing
+        self._completed: list[tuple[Handle, str | None]] = []  # released at the end of the van's pass
 
     def _lr(self) -> float:
         """Current learning rate for error feedback (set by DistributedOptimizer)."""
@@ -500,10 +501,17 @@ class Engine:
             e.busy = False
         if self.tracer is not None:
             self.tracer.op_done(op, error)
-        if error is None:
-            op.handle.complete()
-        else:
-            op.handle.fail(error)
+        if not self._completed:
+            self.van.at_pass_end(self._release_completed)
+        self._completed.append((op.handle, error))
+
+    def _release_completed(self) -> None:
+        done, self._completed = self._completed, []
+        for handle, error in done:
+            if error is None:
+                handle.complete()
+            else:
+                handle.fail(error)
 
     def _fail_all(self, reason: str) -> None:
         def fail() -> None:
