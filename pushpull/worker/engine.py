@@ -60,6 +60,7 @@ class Partition:
     inited: bool = False
     codec: object = None  # worker-side compression chain, or None
     held: int = 0         # credit bytes held by the push in flight (returned at PUSH_ACK)
+    sock: str = ""        # the van socket of its server
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Entry:
     waiting: list = field(default_factory=list)  # ops queued until the entry is ready
     pending_inits: int = 0
     itemsize: int = 1
+    code: int = 0           # wire dtype code
 
 
 @dataclass
@@ -208,7 +210,8 @@ class Engine:
             # worker momentum replaces the optimizer's for every tensor, so a tensor too small to be
             # compressed still gets it (sent raw through the identity codec), or it would get none
             use_compression = dict(compression, compressor="none", ef="none")
-        e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize)
+        e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,
+                  code=dtype_code(DTYPE_NAME[dtype]))
         self.entries[name] = e
         return e
 
@@ -285,6 +288,7 @@ class Engine:
         for p, server in zip(e.parts, result["servers"]):
             p.key = part_key(base, p.index)
             p.server = int(server)
+            p.sock = f"s{p.server}"
             self.parts_by_key[p.key] = (e, p)
         if e.compression:
             from pushpull.worker.codec import WorkerCodec
@@ -358,11 +362,11 @@ class Engine:
             frame = p.codec.compress(view)
             flags |= Flags.COMPRESSED
             extra = f32_bits(self._lr())  # the server's error feedback rescales by the same lr ratio
-        sock = f"s{p.server}"
-        nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
-        self.van.send(sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round,
-                                   dtype=dtype_code(DTYPE_NAME[e.dtype]), numel=p.nbytes // itemsize,
-                                   nbytes=nb, flags=flags, extra=extra), [frame])
+            nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
+        else:
+            nb = p.nbytes
+        self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code,
+                                     numel=p.nbytes // itemsize, nbytes=nb, flags=flags, extra=extra), [frame])
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
@@ -441,7 +445,8 @@ class Engine:
             op.remaining -= 1
             if op.remaining == 0:
                 self._finish(op, None)
-            self.queue.admit(self._send_partition)
+            if self.queue:
+                self.queue.admit(self._send_partition)
         elif t == MsgType.ERROR:
             text = decode_json(msg.body()).get("error", "unknown server error")
             ep = self.parts_by_key.get(h.key)
