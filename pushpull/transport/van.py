@@ -247,7 +247,7 @@ class Van:
                 timeout_ms = 1000
                 if self._timers:
                     timeout_ms = max(0, min(timeout_ms, int((self._timers[0][0] - time.monotonic()) * 1000) + 1))
-                if self._outbox:
+                if self._outbox or self._batches or self._deferred:  # work queued by the last pass
                     timeout_ms = 0
                 events = dict(self._poller.poll(timeout_ms))
                 if self._wake_rx in events:
@@ -261,13 +261,14 @@ class Van:
                     if s in events:
                         self._drain_socket(s, sid, handler, router)
                 self._run_timers()
-                if self._batches:
-                    self._flush_all()
+                # deferred work first: what it sends joins this pass's batches instead of waiting
                 if self._deferred:
                     self._run_deferred()
+                if self._batches:
+                    self._flush_all()
         finally:
-            self._flush_all()
             self._run_deferred()
+            self._flush_all()
             self._close()
             self._stopped.set()
 

@@ -98,6 +98,7 @@ class Op:
     device: torch.device | None = None
     user_out: torch.Tensor | None = None
     t_submit: float = field(default_factory=time.perf_counter)
+    finished: bool = False  # set at once; its handle completes at the end of the I/O pass
 
 
 class Engine:
@@ -342,7 +343,7 @@ class Engine:
     def _send_partition(self, item, nbytes: int) -> None:
         op, p = item
         e = op.entry
-        if op.handle.done():  # the op failed while this partition was queued
+        if op.finished:  # the op failed while this partition was queued
             self.queue.release(nbytes)
             return
         if self.tracer is not None:
@@ -480,6 +481,9 @@ class Engine:
             log.warning("unexpected %s from the scheduler ignored", h.type.name)
 
     def _finish(self, op: Op, error: str | None) -> None:
+        if op.finished:
+            return
+        op.finished = True
         e = op.entry
         for p in e.parts:
             if self.ops.get(p.key) is op:
