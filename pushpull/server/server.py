@@ -239,8 +239,7 @@ class Server:
 
     def _decode_push(self, msg: Msg, ks: KeyState) -> np.ndarray:
         h = msg.header
-        frame = msg.body()
-        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        buf = msg.body_view()
         if h.flags & Flags.COMPRESSED:
             if ks.codec is None:
                 raise ProtocolError(f"tensor {ks.name!r}: compressed push but no compression was declared")

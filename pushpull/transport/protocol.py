@@ -132,6 +132,11 @@ class Msg:
     def body(self):
         return self.frames[0] if self.frames else b""
 
+    def body_view(self) -> memoryview:
+        """The body's bytes without a copy (a received zmq.Frame, bytes, or a view of a batch)."""
+        frame = self.body()
+        return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+
 
 def decode(frames: list) -> Msg:
     """Parse a multipart message (without any ROUTER identity frame)."""
@@ -145,6 +150,7 @@ def decode(frames: list) -> Msg:
 # a batched message: its header, then its body's length (NO_BODY: the message had no body frame), then the body
 _LEN = struct.Struct("<I")
 NO_BODY = 0xFFFFFFFF
+BATCHED_OVERHEAD = HEADER_SIZE + _LEN.size  # bytes a message adds to a batch besides its body
 
 
 def pack_batch(messages: list) -> list:
@@ -166,17 +172,16 @@ def pack_batch(messages: list) -> list:
 
 def unpack_batch(msg: "Msg") -> list:
     """The messages inside a BATCH, each a :class:`Msg` whose body is a view of the batch frame."""
-    frame = msg.body()
-    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    buf = msg.body_view()
     out, off, end = [], 0, len(buf)
     for _ in range(msg.header.numel):
-        if off + HEADER_SIZE + 4 > end:
+        if off + BATCHED_OVERHEAD > end:
             raise ProtocolError(f"batch of {msg.header.numel} messages truncated after {len(out)}")
         header = Header.unpack(bytes(buf[off:off + HEADER_SIZE]))
         if header.type == MsgType.BATCH:
             raise ProtocolError("a batch inside a batch")
         (n,) = _LEN.unpack_from(buf, off + HEADER_SIZE)
-        off += HEADER_SIZE + 4
+        off += BATCHED_OVERHEAD
         if n == NO_BODY:
             out.append(Msg(header, []))
             continue

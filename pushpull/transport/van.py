@@ -26,7 +26,9 @@ from typing import Callable
 import zmq
 import zmq.backend
 
-from pushpull.transport.protocol import Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch
+from pushpull.transport.protocol import (
+    BATCHED_OVERHEAD, Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,8 @@ class Van:
 
     # ------------------------------------------------------------ sending --
     def send(self, sid: str, header: Header, frames: list = (), identity: bytes | None = None) -> None:
-        """Send ``header`` + ``frames`` on socket ``sid`` (thread-safe, zero-copy).
+        """Send ``header`` + ``frames`` on socket ``sid`` (thread-safe; large frames zero-copy,
+        small ones copied into their peer's batch at the end of the pass).
 
         Frames must stay unchanged until delivered; pyzmq keeps them alive.
         """
@@ -182,7 +185,7 @@ class Van:
                 held = self._batches.get(dest)
                 if held is None:
                     self._batches[dest] = held = [0, []]
-                held[0] += size + 64
+                held[0] += size + BATCHED_OVERHEAD
                 held[1].append(parts)
                 if held[0] >= BATCH_LIMIT:
                     self._flush(dest)

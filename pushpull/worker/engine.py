@@ -310,9 +310,8 @@ class Engine:
         body = encode_json({"name": e.name, "compression": e.compression})
         itemsize = e.itemsize
         for p in e.parts:
-            self.van.send(f"s{p.server}", Header(MsgType.INIT, sender=self.rank, key=p.key,
-                                                   dtype=dtype_code(DTYPE_NAME[e.dtype]),
-                                                   numel=p.nbytes // itemsize), [body])
+            self.van.send(p.sock, Header(MsgType.INIT, sender=self.rank, key=p.key, dtype=e.code,
+                                         numel=p.nbytes // itemsize), [body])
 
     def _entry_ready(self, e: Entry) -> None:
         e.state = "ready"
@@ -418,8 +417,7 @@ class Engine:
             _, p = ep
             if self.tracer is not None:
                 self.tracer.pull_received(h.key)
-            frame = msg.body()
-            buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+            buf = msg.body_view()
             dst = op.out_bytes[p.offset:p.offset + p.nbytes]
             npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
             if h.flags & Flags.COMPRESSED:
