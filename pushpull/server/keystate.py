@@ -24,6 +24,7 @@ class Slot:
     round: int = -1
     pushed: set = field(default_factory=set)
     pulled: set = field(default_factory=set)
+    asked: set = field(default_factory=set)  # ranks that pulled this round, answered or waiting
     waiting: list = field(default_factory=list)  # (identity, rank, req_id) pulls before the round completed
     acc: Accumulator | None = None
     out: object = None  # the payload answered to pulls (ndarray or bytes)
@@ -54,6 +55,7 @@ class KeyState:
             slot.round = rnd
             slot.pushed.clear()
             slot.pulled.clear()
+            slot.asked.clear()
             slot.waiting.clear()
             slot.ready = False
             slot.out = None
@@ -85,6 +87,7 @@ class KeyState:
         slot = self.slots[rnd % 2]
         if slot.round != rnd:
             raise RoundError(f"tensor {self.name!r}: rank {rank} pulled round {rnd} before pushing it")
-        if rank in slot.pulled or any(w[1] == rank for w in slot.waiting):
+        if rank in slot.asked:
             raise RoundError(f"tensor {self.name!r} round {rnd}: rank {rank} pulled twice")
+        slot.asked.add(rank)
         return slot

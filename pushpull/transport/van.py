@@ -40,6 +40,8 @@ _BATCH = MsgType.BATCH
 # a getsockopt(RCVMORE) per frame: about 3 us per message at each end, paid hundreds of times a step
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
+# pyzmq's getsockopt wraps ZMQ_EVENTS in a PollEvent enum (an enum call per check)
+_getsockopt = zmq.backend.Socket.get
 BATCH_LIMIT = 1 << 20  # bytes held for one peer before they go out without waiting for the pass to end
 
 RouterHandler = Callable[[bytes, Msg], None]
@@ -254,7 +256,7 @@ class Van:
                     timeout_ms = 0
                 events = dict(self._poller.poll(timeout_ms))
                 if self._wake_rx in events:
-                    while self._wake_rx.getsockopt(_EVENTS) & _POLLIN:
+                    while _getsockopt(self._wake_rx, _EVENTS) & _POLLIN:
                         self._wake_rx.recv(_NOBLOCK)
                     # cleared after the wake-ups are consumed, before the outbox is drained: a set
                     # flag always has a wake-up message behind it, so no item can wait for the timeout
@@ -290,7 +292,7 @@ class Van:
         # ZMQ_EVENTS says whether a message is waiting: cheaper than ending every drain on a raised
         # zmq.Again (an exception object per poll); bounded so one busy peer cannot starve the others
         for _ in range(256):
-            if not s.getsockopt(_EVENTS) & _POLLIN:
+            if not _getsockopt(s, _EVENTS) & _POLLIN:
                 return
             try:
                 frames = [_recv(s, _NOBLOCK, copy=False)]

@@ -82,23 +82,28 @@ class Entry:
     code: int = 0           # wire dtype code
 
 
-@dataclass
 class Op:
-    """One push_pull call in flight."""
+    """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
 
-    handle: Handle
-    entry: Entry
-    inp: np.ndarray      # raw bytes of the input (contiguous CPU)
-    out: torch.Tensor    # CPU output tensor
-    out_bytes: np.ndarray
-    average: bool
-    priority: int
-    round: int = 0
-    remaining: int = 0
-    device: torch.device | None = None
-    user_out: torch.Tensor | None = None
-    t_submit: float = field(default_factory=time.perf_counter)
-    finished: bool = False  # set at once; its handle completes at the end of the I/O pass
+    __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
+                 "device", "user_out", "t_submit", "finished")
+
+    def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor, out_bytes: np.ndarray,
+                 average: bool, priority: int, device: torch.device | None = None,
+                 user_out: torch.Tensor | None = None):
+        self.handle = handle
+        self.entry = entry
+        self.inp = inp              # raw bytes of the input (contiguous CPU)
+        self.out = out              # CPU output tensor
+        self.out_bytes = out_bytes
+        self.average = average
+        self.priority = priority
+        self.round = 0
+        self.remaining = 0
+        self.device = device
+        self.user_out = user_out
+        self.t_submit = time.perf_counter()
+        self.finished = False       # set at once; its handle completes at the end of the I/O pass
 
 
 class Engine:
@@ -504,8 +509,9 @@ class Engine:
                     op.handle.output = op.out.to(op.device)
             except Exception as ex:  # e.g. a device copy failing
                 error = f"tensor {e.name!r}: finishing the output failed: {ex!r}"
-        with self.table_lock:
-            e.busy = False
+        # no table_lock: one store is atomic, and only submit() needs its check-and-set guarded
+        # (taking it here made the caller's next submit queue behind this thread for the GIL)
+        e.busy = False
         if self.tracer is not None:
             self.tracer.op_done(op, error)
         if not self._completed:
