@@ -1,0 +1,37 @@
+"""End-to-end run of ``pushpull bench allreduce`` at its smallest size (2 workers,
+1 server, one timed round): the launcher, push_pull, gloo and the raw zmq echo in
+one job, and the JSON contract the issue names. No timing goal is asserted here
+(those are the benchmark's printed ratios); the figures must only be consistent.
+"""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(240)
+def test_allreduce_bench_json_contract():
+    from pushpull.bench.allreduce import resnet50_sizes
+
+    r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "allreduce", "--workers", "2", "--servers", "1",
+                        "--repeat", "1", "--json"], capture_output=True, text=True, timeout=200, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert "fraction of ceiling" in r.stdout
+    d = json.loads(lines[-1])
+    sizes = resnet50_sizes()
+    assert (d["workers"], d["servers"], d["tensors"], d["bytes"]) == (2, 1, len(sizes), 4 * sum(sizes))
+    for k in ("pushpull_s", "allreduce_s", "zmq_ceiling_GBps", "zmq_hot_buffer_ceiling_GBps"):
+        assert d[k] > 0, k
+    assert math.isclose(d["ratio_vs_allreduce"], d["allreduce_s"] / d["pushpull_s"])
+    rate = 2 * d["workers"] * d["bytes"] / d["pushpull_s"]
+    assert math.isclose(d["pushpull_rate_GBps"], rate / 1e9)
+    assert math.isclose(d["fraction_of_zmq_ceiling"], d["pushpull_rate_GBps"] / d["zmq_ceiling_GBps"])
+    assert math.isclose(d["fraction_of_hot_buffer_ceiling"],
+                        d["pushpull_rate_GBps"] / d["zmq_hot_buffer_ceiling_GBps"])
+    assert len(d["pushpull_times"]) == len(d["allreduce_times"]) == len(d["zmq_times"]) == 1
