@@ -173,8 +173,9 @@ def child_main(args) -> int:
         echo.close()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zq, "zmq_hot_times": zh, "zmq_bytes": moved,
-                       "bytes": nbytes, "tensors": len(tensors), "workers": size, "servers": cfg.num_server}, f)
+            json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zq, "zmq_hot_times": zh,
+                       "zmq_bytes": moved, "bytes": nbytes, "tensors": len(tensors), "workers": size,
+                       "servers": cfg.num_server}, f)
     dist.destroy_process_group()
     bps.shutdown()
     return 0
