@@ -174,9 +174,8 @@ SETTINGS: tuple[Setting, ...] = (
       "DMLC_PS_ROOT_URI)."),
     # --- server
     S("server_engine_thread", ["BYTEPS_SERVER_ENGINE_THREAD"], 4, _int_min(0), "integer >= 0",
-      "Summation threads per server; 0 = sum on the thread that receives (no hand-off between threads, "
-      "best when servers share a few cores with the workers; `pushpull launch` picks it from the cores "
-      "unless set)."),
+      "Summation threads per server; 0 = sum on the thread that receives (no hand-off between threads). "
+      "`pushpull launch` picks it from the cores unless set: cores / (workers + servers), between 1 and 4."),
     S("server_enable_schedule", ["BYTEPS_SERVER_ENABLE_SCHEDULE"], False, _bool, "0 | 1",
       "Server sums keys with fewer pushes outstanding first."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",

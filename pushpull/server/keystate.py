@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pushpull.server.reduce import Accumulator
+from pushpull.server.reduce import WIRE_NP, Accumulator
 
 
 class RoundError(ValueError):
@@ -44,6 +44,10 @@ class KeyState:
     slots: list = field(default_factory=lambda: [Slot(), Slot()])
     store: np.ndarray | None = None  # async mode: the parameters
     inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
+    wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
+
+    def __post_init__(self) -> None:
+        self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
 
     def _slot_for_push(self, rnd: int, rank: int) -> Slot:
         slot = self.slots[rnd % 2]

@@ -169,7 +169,7 @@ class Server:
                 self._error(ident, h.key, text, req_id)
             return
         ks = KeyState(h.key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
-        ks.inline = decl["numel"] * wire_view(b"", decl["dtype"]).itemsize <= INLINE_KEY_BYTES
+        ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
         if decl["compression"]:
             try:
                 from pushpull.server.codec import ServerCodec
@@ -248,7 +248,7 @@ class Server:
         if h.numel != ks.numel or dtype_name(h.dtype) != ks.dtype:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {dtype_name(h.dtype)}[{h.numel}], "
                                 f"the tensor is {ks.dtype}[{ks.numel}]")
-        want = ks.numel * wire_view(b"", ks.dtype).itemsize
+        want = ks.wire_nbytes
         if len(buf) != want:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {len(buf)} bytes for "
                                 f"{ks.numel} elements of {ks.dtype} ({want} bytes)")
