@@ -142,9 +142,10 @@ SETTINGS: tuple[Setting, ...] = (
       "Workers and servers keep freed message buffers (up to 32 MiB each, 1 GiB in all) in the process heap "
       "(glibc mallopt) instead of returning them to the kernel, which saves the page faults and zeroing every "
       "received message otherwise pays; 0 leaves the C library's defaults."),
-    S("batch_bytes", [], 65536, _int_min(0), "integer >= 0 (0 = off)",
+    S("batch_bytes", [], 16384, _int_min(0), "integer >= 0 (0 = off)",
       "Messages with a body up to this size that are ready for the same peer in one pass of the I/O loop go "
-      "as one BATCH message (a step's many tiny gradients then cost one zmq message, not one each)."),
+      "as one BATCH message (a step's many tiny gradients then cost one zmq message, not one each). Kept "
+      "below the partition size: batched partitions travel as one large message and no longer pipeline."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
       "Threads for compression/decompression on the worker (0 = on the communication thread)."),
     S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),

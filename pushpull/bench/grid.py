@@ -30,7 +30,8 @@ Keys (defaults in brackets):
 * ``workers`` [[4]]; ``servers`` ["workers" = k = n, or a number];
   ``placements`` [["colocated"]].
 * ``bandwidths`` [["200mbit"]]: link rate per host and direction; ``delay``
-  [none]: one-way latency (``"1ms"``).
+  [none]: one-way latency (``"1ms"``); ``congestion`` ["cubic"]: every
+  emulated host's TCP congestion control (``"inherit"`` = this machine's).
 * ``ratios`` [[1.0]]: computation/communication ratio: forward+backward time
   = ratio x (gradient bytes / link rate), i.e. against the ideal time of
   moving the gradients once over one link. The resulting compute scale is
@@ -77,7 +78,7 @@ BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler")
 BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
-              "ratio", "grad_mb", "ps_partition_bytes", "repeat")
+              "ratio", "grad_mb", "ps_partition_bytes", "repeat", "congestion")
 
 
 # ---------------------------------------------------------------- config --
@@ -169,6 +170,7 @@ def expand(cfg: dict) -> list[dict]:
         hosts = n if placement == "colocated" else n + k
         jobs.append({"model": model, "backend": backend, "workers": n, "servers": k, "placement": placement,
                      "bandwidth": bw, "bandwidth_bytes_s": bw_bytes, "delay": cfg.get("delay"),
+                     "congestion": cfg.get("congestion", "cubic"),
                      "ratio": float(ratio), "grad_mb": grad_mb, "repeat": rep, "hosts": hosts,
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
@@ -483,7 +485,7 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
         step = statistics.median(flat)
         row = {k: job[k] for k in ("model", "backend", "workers", "servers", "placement", "bandwidth",
                                    "bandwidth_bytes_s", "delay", "ratio", "grad_mb", "repeat", "size_scale",
-                                   "compute_scale", "batch_size", "ps_partition_bytes")}
+                                   "compute_scale", "batch_size", "ps_partition_bytes", "congestion")}
         row.update({
             "config": cfg["name"], "strategy": r["name"], "base_strategy": r["base"], "layerwise": r["layerwise"],
             "partition_bytes": r["partition_bytes"], "credit_bytes": r["credit_bytes"],
@@ -524,14 +526,15 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
     out.parent.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple, list[dict]] = {}
     for j in pending:
-        groups.setdefault((j["hosts"], j["bandwidth"], j["delay"]), []).append(j)
+        groups.setdefault((j["hosts"], j["bandwidth"], j["delay"], j["congestion"]), []).append(j)
     bar = tqdm(total=sum(len(j["runs"]) for j in pending), desc=f"grid {cfg['name']}", unit="cell",
                disable=not progress, file=sys.stderr)
     steps = {"steps": int(cfg.get("steps", 4)), "warmup": int(cfg.get("warmup", 4)), "tries": int(cfg.get("tries", 3))}
     timeout = float(cfg.get("timeout", 600))
     try:
-        for (hosts, bw, delay), gjobs in groups.items():
-            with EmulatedCluster(hosts, rate=bw, delay=delay, force_loopback=loopback) as cluster:
+        for (hosts, bw, delay, cc), gjobs in groups.items():
+            with EmulatedCluster(hosts, rate=bw, delay=delay, force_loopback=loopback,
+                                 congestion=None if cc == "inherit" else cc) as cluster:
                 mode = "namespaces" if cluster.emulated else "loopback"
                 stats["mode"] = mode
                 for job in gjobs:

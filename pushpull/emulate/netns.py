@@ -24,6 +24,11 @@ Shaping (full duplex, each direction of each link limited to ``rate``):
   iptables rule drops packets at random (``statistic`` match) and queues the
   rest to :mod:`pushpull.emulate.delayer`, which releases them after ``delay``.
 
+TCP: every host runs ``congestion`` (default ``cubic``, Linux's default) whatever
+the machine running the emulation has configured: a namespace would otherwise
+inherit it (this development VM's is ``bbr``, with which several flows leaving
+one host through a shallow token bucket lose 10-20 % of their packets).
+
 Either way one direction between two hosts crosses the delay/loss stage once
 and two token buckets (sender uplink, receiver downlink): ``delay`` is the
 one-way latency between hosts (RTT = 2 x delay) and ``loss`` the per-direction
@@ -46,6 +51,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Sequence
 
 log = logging.getLogger(__name__)
@@ -243,11 +249,12 @@ class EmulatedCluster:
     loss: per-direction packet loss ('0.1%'), None = none.
     force_loopback: skip namespaces and use the loopback fallback (for tests).
     delay_backend: 'auto' (netem if the kernel has it, else nfqueue), 'netem', 'nfqueue'.
+    congestion: TCP congestion control of every host ('cubic'; None = inherit the machine's).
     """
 
     def __init__(self, hosts: int, rate: str | None = "1gbit", delay: str | None = None,
                  loss: str | None = None, prefix: str | None = None, force_loopback: bool = False,
-                 delay_backend: str = "auto"):
+                 delay_backend: str = "auto", congestion: str | None = "cubic"):
         if hosts < 1:
             raise ValueError(f"hosts must be >= 1, got {hosts}")
         if hosts > 250:
@@ -262,6 +269,9 @@ class EmulatedCluster:
         if delay_backend not in ("auto", "netem", "nfqueue"):
             raise ValueError(f"delay_backend must be auto, netem or nfqueue, got {delay_backend!r}")
         self.delay_backend = delay_backend
+        # a new namespace inherits the creating machine's TCP congestion control (this VM's is bbr, a
+        # cloud tuning); emulated hosts run Linux's default, cubic, unless told otherwise (None = inherit)
+        self.congestion = congestion
         self.backend: str | None = None  # the one in use, once started
         seq = next(_seq)
         self.prefix = prefix or f"{NAME_ROOT}{os.getpid():x}{chr(ord('a') + seq % 26)}-"
@@ -361,10 +371,21 @@ class EmulatedCluster:
             _ip("-n", sw, "link", "set", port, "up")
             _ip("-n", h, "addr", "add", f"{self.addr_for(i)}/24", "dev", IFACE)
             _ip("-n", h, "link", "set", IFACE, "up")
+            if self.congestion:
+                self._set_congestion(h)
             self._shape(h, IFACE, host_side=True)
             self._shape(sw, port, host_side=False)
         if self.backend == "nfqueue":
             self._start_nfqueue()
+
+    def _set_congestion(self, ns: str) -> None:
+        """Per-namespace TCP congestion control (net.ipv4.tcp_congestion_control is per netns)."""
+        avail = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        if avail.exists() and self.congestion not in avail.read_text().split():
+            raise EmulationError(f"congestion control {self.congestion!r} is not available in this kernel "
+                                 f"(available: {avail.read_text().strip()})")
+        _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+              f"net.ipv4.tcp_congestion_control={self.congestion}"])
 
     def _start_nfqueue(self) -> None:
         """Loss and delay in the switch: iptables FORWARD rules + the delayer process."""

@@ -71,6 +71,7 @@ class Server:
         self.threads = [threading.Thread(target=self._engine, args=(q,), name=f"engine-{i}", daemon=True)
                         for i, q in enumerate(self.engines)]
         self.van.call_later(1.0, self._check_inits, every=1.0)
+        self.trace = None  # a ServerTrace once registered, with PUSHPULL_TRACE_ON=1
 
     def run(self) -> int:
         if self.cfg.keep_freed_buffers:
@@ -92,6 +93,8 @@ class Server:
         for q in self.engines:
             q.put(None)
         self.van.stop()
+        if self.trace is not None:
+            self.trace.flush()
         return code
 
     # ------------------------------------------------------------ replies --
@@ -109,6 +112,11 @@ class Server:
         the book, and must never be counted against an unknown number of workers."""
         self.num_workers = int(book["num_workers"])
         self.node_id = int(book["node_id"])
+        if self.cfg.trace_on:
+            from pushpull.server.trace import ServerTrace
+
+            self.trace = ServerTrace(self.cfg.trace_dir, self.node_id, self.cfg.trace_start_step,
+                                     self.cfg.trace_end_step + 1)
         for t in self.threads:
             t.start()
         early, self._early = self._early, []
@@ -124,6 +132,8 @@ class Server:
             if h.type == MsgType.INIT:
                 self._init(identity, msg)
             elif h.type in (MsgType.PUSH, MsgType.PULL):
+                if self.trace is not None:
+                    msg.t_arrival = time.perf_counter()
                 ks = self.keys.get(h.key)
                 if ks is None:
                     self._error(identity, h.key, f"{h.type.name} for key {h.key} before its INIT completed",
@@ -258,6 +268,9 @@ class Server:
         h = msg.header
         data = self._decode_push(msg, ks)
         done = ks.push(h.round, h.sender, data)
+        if self.trace is not None:
+            self.trace.push(ks.name, h.key, h.round, h.sender, getattr(msg, "t_arrival", time.perf_counter()),
+                            done is not None)
         if not h.flags & Flags.NO_ACK:
             self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
         if h.flags & Flags.PULL:  # the pull rides on the push (ps-lite's ZPushPull): answered with the round

@@ -1,0 +1,176 @@
+"""``pushpull bench latency``: the time of one tiny reduction (a metric, a loss
+value, a 1-float gradient), push_pull against gloo's all_reduce in the same
+processes, with a raw pyzmq ping-pong between the same two hosts as the bound.
+
+Why a benchmark of its own: a model with hundreds of small tensors, or a loop
+that averages a metric every step, pays this per call, and the bandwidth
+benchmarks hide it. Every worker reduces one float ``--iters`` times back to
+back (each call waits for the previous one), interleaved in blocks with gloo
+so that both see the same machine load. Printed: median and p99 of each, the
+ratio push_pull / gloo, and the median round trip of one 4-byte message
+between ranks 0 and 1 over raw pyzmq (a push_pull is at least one such round
+trip: worker -> server -> worker).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from pushpull.bench.jobs import run_job
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class ZmqPing:
+    """Rank 0 sends 4 bytes to rank 1, which sends them back; one round trip per call."""
+
+    def __init__(self, rank: int, host: str):
+        import zmq
+
+        self.rank = rank
+        self.ctx = zmq.Context()
+        self.port = 0
+        if rank == 1:
+            self.sock = self.ctx.socket(zmq.ROUTER)
+            self.port = self.sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            self.sock = self.ctx.socket(zmq.DEALER)
+        self.host = host
+
+    def connect(self, port: int) -> None:
+        if self.rank == 0:
+            self.sock.connect(f"tcp://{self.host}:{port}")
+
+    def rounds(self, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            if self.rank == 1:
+                if not self.sock.poll(60_000):
+                    raise RuntimeError("zmq ping: rank 0 sent nothing for 60 s")
+                self.sock.send_multipart(self.sock.recv_multipart())
+            else:
+                t0 = time.perf_counter()
+                self.sock.send(b"ping")
+                if not self.sock.poll(60_000):
+                    raise RuntimeError("zmq ping: rank 1 did not answer within 60 s")
+                self.sock.recv()
+                out.append(time.perf_counter() - t0)
+        return out
+
+    def close(self) -> None:
+        self.sock.close(linger=5_000)
+        self.ctx.term()
+
+
+def child_main(args) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import pushpull.torch as bps
+    from pushpull.launch.cli import free_port
+
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    cfg = bps.config()
+    ping = ZmqPing(rank, cfg.root_uri) if rank in (0, 1) else None
+    ports = torch.zeros(2, dtype=torch.int64)
+    if rank == 0:
+        ports[0] = free_port()
+    if rank == 1:
+        ports[1] = ping.port
+    ports = bps.push_pull(ports, average=False, name="bench.ports")
+    if ping:
+        ping.connect(int(ports[1]))
+    os.environ.setdefault("MASTER_ADDR", cfg.root_uri)
+    os.environ.setdefault("MASTER_PORT", str(int(ports[0])))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=120))
+    x = torch.ones(1)
+    pp, ar, zp = [], [], []
+    block = max(1, args.iters // args.blocks)
+    for b in range(args.blocks + 1):  # block 0 warms up (declares the key, fills caches)
+        bps.barrier()
+        times = []
+        for _ in range(block):
+            t0 = time.perf_counter()
+            bps.push_pull(x, average=True, name="latency.x")
+            times.append(time.perf_counter() - t0)
+        dist.barrier()
+        gtimes = []
+        for _ in range(block):
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            gtimes.append(time.perf_counter() - t0)
+        dist.barrier()
+        ztimes = ping.rounds(block) if ping else []
+        if b:
+            pp += times
+            ar += gtimes
+            zp += ztimes
+    dist.barrier()
+    if ping:
+        ping.close()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zp, "workers": size,
+                       "servers": cfg.num_server}, f)
+    dist.destroy_process_group()
+    bps.shutdown()
+    return 0
+
+
+def summarize(r: dict) -> dict:
+    pp, ar, zp = r["pushpull_times"], r["allreduce_times"], r["zmq_times"]
+    res = {"workers": r["workers"], "servers": r["servers"], "calls": len(pp),
+           "pushpull_median_us": statistics.median(pp) * 1e6, "pushpull_p99_us": _pct(pp, 0.99) * 1e6,
+           "allreduce_median_us": statistics.median(ar) * 1e6, "allreduce_p99_us": _pct(ar, 0.99) * 1e6,
+           "zmq_roundtrip_median_us": statistics.median(zp) * 1e6 if zp else None}
+    res["ratio_vs_allreduce"] = res["pushpull_median_us"] / res["allreduce_median_us"]
+    res["p99_over_median"] = res["pushpull_p99_us"] / res["pushpull_median_us"]
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pushpull bench latency", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--iters", type=int, default=2000, help="timed calls of each method")
+    p.add_argument("--blocks", type=int, default=4, help="interleaved blocks the calls are split into")
+    p.add_argument("--json", action="store_true", help="last line: one JSON object with the results")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child_main(args)
+    if args.workers < 2:
+        p.error("--workers must be >= 2")
+    r = run_job("pushpull bench latency", args.workers, args.servers,
+                [sys.executable, "-m", "pushpull.bench.latency", "--child", "--iters", str(args.iters),
+                 "--blocks", str(args.blocks)], timeout=600)
+    if r is None:
+        return 1
+    res = summarize(r)
+    print(f"one float, {res['workers']} workers, {res['servers']} server(s), {res['calls']} calls each")
+    print(f"  push_pull (pushpull)   median {res['pushpull_median_us']:7.0f} us   p99 {res['pushpull_p99_us']:7.0f} us")
+    print(f"  all_reduce (gloo)      median {res['allreduce_median_us']:7.0f} us   p99 {res['allreduce_p99_us']:7.0f} us")
+    print(f"  ratio pushpull / gloo  {res['ratio_vs_allreduce']:.2f}x   (pushpull p99 / median "
+          f"{res['p99_over_median']:.2f})")
+    if res["zmq_roundtrip_median_us"] is not None:
+        print(f"  raw pyzmq round trip   median {res['zmq_roundtrip_median_us']:7.0f} us (rank 0 <-> rank 1: "
+              f"the floor of one worker -> server -> worker exchange)")
+    if args.json:
+        print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
