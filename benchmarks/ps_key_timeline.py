@@ -269,14 +269,16 @@ def main(argv=None) -> int:
     from pushpull.sim.config import parse_bandwidth
 
     n = args.workers
-    prof, _, grad_bytes = scaled_profile(args.model, args.grad_mb)
+    prof, size_scale, grad_bytes = scaled_profile(args.model, args.grad_mb)
     rate_Bps = parse_bandwidth(args.rate)
     compute_scale = args.ratio * (grad_bytes / rate_Bps) / prof.compute_s
     hosts = 2 * n if args.placement == "separate" else n
     server0_host = n if args.placement == "separate" else 0
     tmp = tempfile.mkdtemp(prefix="ps-key-timeline-")
     env = {"PUSHPULL_TRACE_ON": "1", "PUSHPULL_TRACE_DIR": f"{tmp}/trace",
-           "PUSHPULL_TRACE_START_STEP": str(TRACE_STEP), "PUSHPULL_TRACE_END_STEP": str(TRACE_STEP)}
+           "PUSHPULL_TRACE_START_STEP": str(TRACE_STEP), "PUSHPULL_TRACE_END_STEP": str(TRACE_STEP),
+           # BytePS's default key size scaled with the model, as the grid does
+           "BYTEPS_PARTITION_BYTES": str(max(65536, int(4_096_000 * size_scale)))}
     env.update(dict(kv.split("=", 1) for kv in args.env))
     with EmulatedCluster(hosts, rate=args.rate, congestion=None if args.congestion == "inherit" else args.congestion) as c:
         if not c.emulated:

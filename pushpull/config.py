@@ -72,6 +72,13 @@ def _auto_or_pos_float(s: str) -> float | None:
     return _float_pos(s)
 
 
+def _auto_or_int(s: str) -> int | None:
+    """'auto' (or empty) = None, chosen at start-up; otherwise an integer >= 0."""
+    if s.strip().lower() in ("", "auto"):
+        return None
+    return _int_min(0)(s)
+
+
 def _opt_float(s: str) -> float | None:
     """Empty = unset (measure / pick a default); otherwise a number >= 0."""
     if s.strip() == "":
@@ -134,8 +141,12 @@ SETTINGS: tuple[Setting, ...] = (
     # --- worker data path
     S("partition_bytes", ["BYTEPS_PARTITION_BYTES"], 4096000, _int_min(1024), "integer >= 1024",
       "Tensors larger than this are split into partitions of at most this many bytes."),
-    S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], 0, _int_min(0), "integer >= 0 (0 = unlimited)",
-      "Credit in partitions: how many partitions may be in flight at once (0 = no limit, scheduling off)."),
+    S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], None, _auto_or_int, "auto | integer >= 0 (0 = unlimited)",
+      "Credit in partitions: how many partitions a worker may have pushed and not yet acknowledged (0 = no "
+      "limit). auto (default; BytePS's default is 0): one per server, at least 2, when the servers are on other "
+      "hosts, so every server's link has work while all workers push the same keys at the same time and rounds "
+      "complete in priority order, instead of when the slowest of many competing TCP flows delivers "
+      "(docs/results/byteps_ps_vs_allreduce.md); unlimited when every server is on this host (CPU-bound)."),
     S("min_compress_bytes", ["BYTEPS_MIN_COMPRESS_BYTES"], 65536, _int_min(0), "integer >= 0",
       "Tensors smaller than this are sent uncompressed."),
     S("keep_freed_buffers", [], True, _bool, "0 | 1",

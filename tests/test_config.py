@@ -13,7 +13,7 @@ def test_defaults_match_byteps():
     assert cfg.partition_bytes == 4096000
     assert cfg.server_engine_thread == 4
     assert cfg.min_compress_bytes == 65536
-    assert cfg.scheduling_credit == 0
+    assert cfg.scheduling_credit is None  # 'auto': one partition per server (BytePS: 0); docs/api.md says why
     assert (cfg.trace_start_step, cfg.trace_end_step, cfg.trace_dir) == (10, 20, "./trace")
 
 

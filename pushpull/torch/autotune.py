@@ -203,7 +203,7 @@ class AutoTuner:
         if baseline is None and eng is not None:
             baseline = (eng.cfg.partition_bytes, eng.queue.credit_bytes)
         elif baseline is None and cfg is not None:
-            baseline = (cfg.partition_bytes, cfg.scheduling_credit * cfg.partition_bytes)
+            baseline = (cfg.partition_bytes, (cfg.scheduling_credit or 0) * cfg.partition_bytes)
         baseline = space.clamp(*(baseline or (space.partition[1], space.credit[1])))
         self._broadcast = broadcast or _broadcast_from_root
         self._apply = apply or (lambda p, c: apply_setting(p, c, self._base_partition))

@@ -70,9 +70,13 @@ class PSComm(Comm):
         return ("ps", id(ops.engine()))
 
     def default_scheduling(self) -> tuple[int, int]:
-        """BYTEPS_PARTITION_BYTES and BYTEPS_SCHEDULING_CREDIT (0 = credit off: FIFO)."""
+        """BYTEPS_PARTITION_BYTES and BYTEPS_SCHEDULING_CREDIT in bytes (0 = credit off: FIFO;
+        'auto' = one partition per server, at least two)."""
         cfg = ops.config()
-        return cfg.partition_bytes, cfg.scheduling_credit * cfg.partition_bytes
+        eng = ops.engine()
+        if eng is not None:
+            return cfg.partition_bytes, eng.default_credit_bytes(cfg.partition_bytes)
+        return cfg.partition_bytes, (cfg.scheduling_credit or 0) * cfg.partition_bytes
 
 
 class AllreduceComm(Comm):
