@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 from pushpull import timeline_cli as tl
+from pushpull.timeline import load_trace
 from pushpull.worker import trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,7 +173,29 @@ def test_two_worker_job_writes_valid_consistent_timelines(tmp_path):
     assert [r["step"] for r in json.loads(js.stdout)["processes"][0]["steps"]] == [2, 3, 4]
     merged = tmp_path / "all.json"
     assert tl.main(["merge", str(d), "-o", str(merged)]) == 0
-    assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1}
+    assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1, 1_000_000, 1_000_001}
+
+
+def test_server_timeline_has_every_workers_push_and_the_round(tmp_path):
+    """The servers' side (PUSHPULL_TRACE_ON on servers): per key, one push per worker, then the round."""
+    d = tmp_path / "trace"
+    res = subprocess.run([sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "2", "--",
+                          sys.executable, WORKER, "--steps", "6"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=_env(PUSHPULL_TRACE_ON=1, PUSHPULL_TRACE_DIR=d, PUSHPULL_TRACE_START_STEP=2,
+                                            PUSHPULL_TRACE_END_STEP=4, BYTEPS_PARTITION_BYTES=40000))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    for srv in ("server0", "server1"):
+        ev, meta = load_trace(d / srv / "timeline.json")
+        assert meta["first_round"] == 2 and meta["last_round"] == 5
+        rounds = [e for e in ev if e.get("cat") == "round"]
+        pushes = [e for e in ev if e.get("cat") == "push"]
+        assert rounds, f"{srv}: no round completed in the traced window"
+        for r in rounds:
+            a = r["args"]
+            ranks = {p["args"]["rank"] for p in pushes if p["args"]["key"] == a["key"]
+                     and p["args"]["round"] == a["round"]}
+            assert ranks == {0, 1}, (srv, a)
+            assert 2 <= a["round"] <= 5 and r["dur"] >= 0
 
 
 def test_timeline_is_valid_json_after_sigterm(tmp_path):

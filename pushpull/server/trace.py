@@ -4,7 +4,7 @@ Why: a worker's timeline shows when its pull came back, not why it came late.
 The server's shows, per key, when each worker's push arrived and when the
 round completed (and so when its pulls were answered): a round that waits for
 one slow push, or keys of one server completing in a burst, are visible only
-here. Written to ``<trace_dir>/server<node id>/timeline.json`` in the workers'
+here. Written to ``<trace_dir>/server<rank>/timeline.json`` (Chrome pid = node id) in the workers'
 Chrome-trace format (``otherData.t0_unix_us`` lines the files up, since the
 hosts of one machine or of an NTP-synchronised cluster share a clock).
 
@@ -18,6 +18,7 @@ import logging
 import time
 from pathlib import Path
 
+from pushpull.cluster import nodes
 from pushpull.cluster.assign import PART_BITS
 from pushpull.timeline import TraceWriter
 
@@ -28,8 +29,9 @@ MAX_EVENTS = 200_000
 
 class ServerTrace:
     def __init__(self, trace_dir: str, node_id: int, first_round: int, last_round: int):
-        self.path = Path(trace_dir) / f"server{node_id}" / "timeline.json"
-        self.writer = TraceWriter(self.path, pid=1000 + node_id, process_name=f"server {node_id}",
+        name = nodes.describe(node_id)  # "server 0"
+        self.path = Path(trace_dir) / name.replace(" ", "") / "timeline.json"
+        self.writer = TraceWriter(self.path, pid=node_id, process_name=name,
                                   metadata={"node_id": node_id, "first_round": first_round,
                                             "last_round": last_round})
         self.first_round, self.last_round = first_round, last_round
