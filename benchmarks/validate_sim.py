@@ -172,8 +172,8 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
             vals = [r[k] for r in rs if r.get(k)]
             m[k] = statistics.mean(vals) if vals else None
         probes = [r["opt_probe"] for r in rs if isinstance(r.get("opt_probe"), dict) and "step_s" in r["opt_probe"]]
-        m["opt_probe"] = {k: statistics.mean(pr[k] for pr in probes if pr.get(k) is not None)
-                          for k in OPT_FIELDS} if probes else None
+        vals = {k: [pr[k] for pr in probes if pr.get(k) is not None] for k in OPT_FIELDS}
+        m["opt_probe"] = {k: statistics.mean(v) for k, v in vals.items() if v} if probes else None
         m["repeats"] = len(rs)
         out.append(m)
     return out

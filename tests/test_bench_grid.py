@@ -69,3 +69,36 @@ def test_layerwise_probe_measures_the_optimizer_paths():
     for k in ("update_lw_s", "step_lw_s", "step_s", "wake_s"):
         assert 0 <= res[k] < 1.0, (k, res[k])
     assert res["step_lw_s"] > 0 and res["step_s"] > 0 and res["wake_s"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_ps_vs_ring_cell_on_namespaces(tmp_path):
+    """The PS-vs-ring grid at its smallest: both backends on the same shaped cluster, the report's
+    comparison table, and the engine's default credit window recorded (no timing asserted)."""
+    from pushpull.emulate.netns import netns_unavailable_reason
+
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    out = tmp_path / "smoke_ps_vs_ring.jsonl"
+    cfg = ROOT / "benchmarks" / "configs" / "smoke_ps_vs_ring.json"
+    try:
+        r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "grid", str(cfg), "--out", str(out),
+                            "--no-progress"], capture_output=True, text=True, timeout=200, cwd=ROOT)
+    finally:
+        subprocess.run([sys.executable, "-m", "pushpull", "cluster", "cleanup"], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {row["backend"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"ps", "allreduce"}
+    for row in rows.values():
+        assert row["mode"] == "namespaces" and row["congestion"] == "cubic"
+        assert row["step_s"] > 0 and row["placement"] == "separate"
+    ps = rows["ps"]
+    assert (ps["workers"], ps["servers"]) == (2, 2)
+    # servers on other hosts: 'auto' credit = one partition per server (at least 2), not unlimited
+    assert ps["engine_credit_bytes"] == 2 * ps["engine_partition_bytes"] == 2 * ps["ps_partition_bytes"]
+    rep = subprocess.run([sys.executable, "-m", "pushpull", "bench", "report", str(out), "--out-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr
+    md = (tmp_path / "smoke_ps_vs_ring.md").read_text()
+    assert "PS against all-reduce" in md and "| vgg16 | wfbp | 2 | 2 | separate | 100mbit |" in md

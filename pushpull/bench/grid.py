@@ -20,6 +20,9 @@ Keys (defaults in brackets):
   ``NAME+lw`` (layer-wise updates), or a name defined in ``variants``:
   ``{"schedule_only": {"base": "bytescheduler", "partition_bytes": "whole", "credit_bytes": 4e6},
   "fp16": {"base": "wfbp", "compression": "fp16", "backends": ["ps"]}}``.
+  ``ddp`` is PyTorch's ``DistributedDataParallel`` itself (gloo, ``bucket_mb``
+  [25, its default] per bucket, not scaled with the model) on the all-reduce
+  backend's process group: the peer most users would otherwise pick.
   ``partition_bytes``/``credit_bytes`` are bytes of the *scaled* model
   (``"whole"`` = larger than any tensor, ``"inf"`` = unlimited credit); by
   default bytescheduler gets ByteScheduler's defaults (PS 4 MB / 16 MB,
@@ -74,7 +77,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler")
+BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler", "ddp")
 BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
@@ -124,6 +127,9 @@ def strategy_spec(name: str, cfg: dict) -> dict:
                          f"or define it under 'variants')")
     if spec["compression"] and spec["backends"] is None:
         spec["backends"] = ["ps"]
+    if spec["base"] == "ddp":  # PyTorch's own DistributedDataParallel over the same gloo process group
+        spec["backends"] = ["allreduce"]
+        spec["bucket_mb"] = float(var.get("bucket_mb", 25)) if var else 25.0
     return spec
 
 
@@ -428,6 +434,12 @@ def child_main(spec: dict, out: str) -> int:
     runs = {}
     for r in spec["runs"]:
         model = EmulatedModel(prof, spec["compute_scale"], spec["size_scale"])
+        if r["base"] == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ddp = DistributedDataParallel(model, bucket_cap_mb=r.get("bucket_mb", 25.0))  # comm made the group
+            runs[r["name"]] = (ddp, torch.optim.SGD(model.parameters(), lr=0.0), None, False)
+            continue
         named = [(f"{r['name']}.{n}", p) for n, p in model.named_parameters()]
         opts = {}
         if r["base"] == "bytescheduler":
@@ -457,6 +469,8 @@ def child_main(spec: dict, out: str) -> int:
                     block.append(time.perf_counter() - t0)
             times[name].append(block)
     plans = {}
+    # the (partition, credit) bytes each strategy ran with: the defaults unless the variant set them
+    scheduling = {name: list(getattr(st, "_sched", (None, None))) for name, (_, _, st, _) in runs.items()}
     for name, (_, _, st, _) in runs.items():
         try:
             plans[name] = st.describe_plan()
@@ -465,7 +479,8 @@ def child_main(spec: dict, out: str) -> int:
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
-                       "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe}, f)
+                       "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe,
+                       "scheduling": scheduling}, f)
     if bps.config().backend == "allreduce":
         from pushpull.torch import allreduce
 
@@ -497,6 +512,9 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
             "try_throughput": [job["workers"] * job["batch_size"] / t for t in tries],
             "steps": len(flat), "plan": res.get("plans", {}).get(r["name"]), "job_wall_s": wall,
             "opt_probe": res.get("opt_probe"),
+            # what the engine ran with (credit 0 = unlimited): defaults unless the variant set them
+            "engine_partition_bytes": (res.get("scheduling") or {}).get(r["name"], [None, None])[0],
+            "engine_credit_bytes": (res.get("scheduling") or {}).get(r["name"], [None, None])[1],
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": socket.gethostname(), "cpus": os.cpu_count(),
         })
         from pushpull.profiles import load_profile
