@@ -35,3 +35,21 @@ def test_allreduce_bench_json_contract():
     assert math.isclose(d["fraction_of_hot_buffer_ceiling"],
                         d["pushpull_rate_GBps"] / d["zmq_hot_buffer_ceiling_GBps"])
     assert len(d["pushpull_times"]) == len(d["allreduce_times"]) == len(d["zmq_times"]) == 1
+
+
+@pytest.mark.timeout(120)
+def test_latency_bench_json_contract():
+    """``pushpull bench latency`` end to end at a few calls: push_pull, gloo and the zmq ping in one job,
+    the printed lines and a consistent JSON object (no timing goal asserted)."""
+    r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "latency", "--iters", "40", "--blocks", "2",
+                        "--json"], capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "ratio pushpull / gloo" in r.stdout and "raw pyzmq round trip" in r.stdout
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (d["workers"], d["servers"], d["calls"]) == (2, 1, 40)
+    for k in ("pushpull_median_us", "pushpull_p99_us", "allreduce_median_us", "allreduce_p99_us",
+              "zmq_roundtrip_median_us"):
+        assert d[k] > 0, k
+    assert d["pushpull_p99_us"] >= d["pushpull_median_us"] and d["allreduce_p99_us"] >= d["allreduce_median_us"]
+    assert math.isclose(d["ratio_vs_allreduce"], d["pushpull_median_us"] / d["allreduce_median_us"])
+    assert math.isclose(d["p99_over_median"], d["pushpull_p99_us"] / d["pushpull_median_us"])

@@ -361,6 +361,22 @@ def test_plan_cli(profile_path, capsys):
                       "--backend", "any", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["gain_over_wfbp"] >= 1.0 and d["reason"]
+    assert d["env"]["PUSHPULL_BACKEND"] == d["backend"] and d["env"]["PUSHPULL_STRATEGY"] == d["strategy"]
+
+
+def test_plan_env_applies_a_bytescheduler_recommendation():
+    """The printed settings are ones the configuration accepts, with the plan's partition and credit."""
+    from pushpull.config import load_config
+    from pushpull.sim.cli import plan_env
+
+    class _P:  # only what plan_env reads
+        cluster = ClusterConfig(workers=4, servers=4, bandwidth=1e9)
+        best_strategy = ByteScheduler(partition_bytes=2_000_000, credit_bytes=math.inf)
+    env = plan_env(_P())
+    cfg = load_config(env)
+    assert (cfg.strategy, cfg.backend) == ("bytescheduler", "ps")
+    assert cfg.bytescheduler_partition_bytes == 2_000_000
+    assert cfg.bytescheduler_credit_bytes >= 1 << 40  # unlimited: larger than any model
 
 
 def test_validate_table():

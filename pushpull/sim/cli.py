@@ -343,8 +343,10 @@ def _plan(a) -> int:
             p.best = simulate(prof, cluster, p.best_strategy, trace=False)
         plans.append(p)
     best = min(plans, key=lambda p: p.best.iteration_s)
+    env = plan_env(best)
     if a.json:
         print(json.dumps({
+            "env": env,
             "backend": best.cluster.backend, "strategy": best.best_strategy.name,
             "partition_bytes": getattr(best.best_strategy, "partition_bytes", None),
             "credit_bytes": _num(getattr(best.best_strategy, "credit_bytes", None)),
@@ -372,7 +374,20 @@ def _plan(a) -> int:
     print(f"  predicted iteration {best.best.iteration_s * 1e3:.2f} ms, {best.best.throughput:.1f} samples/s; "
           f"gain over wfbp {best.gain:.2f}x")
     print(f"  why: {best.reason}")
+    print(f"  apply it: {' '.join(f'{k}={v}' for k, v in env.items())}")
     return 0
+
+
+def plan_env(p) -> dict[str, str]:
+    """The settings that make a job run the plan's recommendation (docs/configuration.md)."""
+    s = p.best_strategy
+    env = {"PUSHPULL_BACKEND": p.cluster.backend, "PUSHPULL_STRATEGY": s.name}
+    if isinstance(s, ByteScheduler):
+        env["PUSHPULL_BYTESCHEDULER_PARTITION_BYTES"] = str(int(s.partition_bytes))
+        # the credit setting has no 'unlimited': a credit larger than the model never binds
+        credit = s.credit_bytes if not math.isinf(s.credit_bytes) else 1 << 40
+        env["PUSHPULL_BYTESCHEDULER_CREDIT_BYTES"] = str(int(credit))
+    return env
 
 
 def _num(v):
