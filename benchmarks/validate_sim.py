@@ -191,7 +191,9 @@ def main(argv=None) -> int:
     rows = []
     for f in a.results:
         rows += [json.loads(l) for l in Path(f).read_text().splitlines() if l.strip()]
-    rows = merge_repeats([r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")])
+    # ddp (PyTorch's DistributedDataParallel, a peer in the grid) has no model in the simulator
+    rows = merge_repeats([r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")
+                          and r.get("base_strategy") != "ddp"])
     tabs = tables(rows, read_opt_probes(a.opt_probe))
     labels = LABELS
     md = combined_markdown(rows, tabs)

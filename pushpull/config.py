@@ -189,7 +189,9 @@ SETTINGS: tuple[Setting, ...] = (
       "Summation threads per server; 0 = sum on the thread that receives (no hand-off between threads). "
       "`pushpull launch` picks it from the cores unless set: cores / (workers + servers), between 1 and 4."),
     S("server_enable_schedule", ["BYTEPS_SERVER_ENABLE_SCHEDULE"], False, _bool, "0 | 1",
-      "Server sums keys with fewer pushes outstanding first."),
+      "Accepted for BytePS launch scripts and ignored (the server logs a warning): BytePS orders its servers' "
+      "engine queue by key priority; here each worker's default credit window keeps at most one key per server "
+      "in flight, so a server has little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
       "Asynchronous training: workers push parameter deltas, pulls return the server's parameters at once."),
     # --- liveness

@@ -51,7 +51,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
                     "n_tries": len(tries), "mode": ",".join(sorted({r.get("mode", "?") for r in rs})),
                     "compute_scale": rs[0].get("compute_scale"), "size_scale": rs[0].get("size_scale"),
                     "grad_bytes": rs[0].get("grad_bytes"), "t_comm_s": statistics.median(r["t_comm_s"] for r in rs),
-                    "compute_s": rs[0].get("compute_s"), "order": min(rows.index(r) for r in rs)})
+                    "compute_s": rs[0].get("compute_s"), "bandwidth_bytes_s": rs[0].get("bandwidth_bytes_s"),
+                    "order": min(rows.index(r) for r in rs)})
     base, base_name = {}, {}
     for a in out:  # the baseline: wfbp, else the group's first strategy (e.g. wfbp+lw)
         if a["strategy"] == "wfbp" or _gkey(a) not in base:
@@ -78,8 +79,21 @@ def backend_comparison(agg: list[dict]) -> list[dict]:
         if a["backend"] == "ps":
             b = ar.get(_gkey(a, drop=("backend", "servers", "placement")) + (a["strategy"],))
             if b:
-                res.append({**a, "ar_step_s": b["step_s"], "ps_over_ar": b["step_s"] / a["step_s"]})
+                ddp = ar.get(_gkey(a, drop=("backend", "servers", "placement")) + ("ddp",))
+                res.append({**a, "ar_step_s": b["step_s"], "ps_over_ar": b["step_s"] / a["step_s"],
+                            "ddp_step_s": ddp["step_s"] if ddp else None, **bounds(a)})
     return res
+
+
+def bounds(a: dict) -> dict:
+    """Each method's physical bound for the cell, c + bytes per link / B (c = compute, M = gradient bytes,
+    B = link rate, n workers): PS with servers on hosts of their own c + M/B; PS colocated and the ring
+    c + 2(n-1)/n M/B. Empty where a row lacks the numbers (older results)."""
+    c, m, b, n = a.get("compute_s"), a.get("grad_bytes"), a.get("bandwidth_bytes_s"), a.get("workers")
+    if None in (c, m, b, n) or not b:
+        return {"ps_bound_s": None, "ring_bound_s": None}
+    ring = c + 2 * (n - 1) / n * m / b
+    return {"ps_bound_s": ring if a.get("placement") == "colocated" else c + m / b, "ring_bound_s": ring}
 
 
 def _fmt_bw(b):
@@ -105,13 +119,29 @@ def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
                      f"{a['thr_mean']:.1f} ± {a['thr_std']:.1f} | {sp} |")
     cmp_ = backend_comparison(agg)
     if cmp_:
-        lines += ["", "PS against all-reduce (same model, strategy, workers, bandwidth, ratio):", "",
-                  "| model | strategy | n | k | placement | bandwidth | ratio | PS ms | all-reduce ms | PS speedup |",
-                  "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
+        has_ddp = any(c["ddp_step_s"] for c in cmp_)
+        lines += ["", "PS against all-reduce (same model, strategy, workers, bandwidth, ratio), each against its "
+                  "bound (c + M/B for PS on hosts of its own, c + 2(n-1)/n M/B colocated and for the ring; "
+                  "c = compute, M = gradient bytes, B = link rate)" + (", and against PyTorch DDP (gloo, 25 MB "
+                  "buckets) on the same hosts" if has_ddp else "") + ":", "",
+                  "| model | strategy | n | k | placement | bandwidth | ratio | PS ms | PS bound ms | PS / bound | "
+                  "all-reduce ms | ring bound ms | all-reduce / bound | PS speedup |" + (" DDP ms | PS vs DDP |"
+                                                                                        if has_ddp else ""),
+                  "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if has_ddp else "")]
+
+        def ms(v):
+            return f"{v * 1e3:.0f}" if v else "-"
+
+        def ratio(x, y):
+            return f"{x / y:.2f}x" if x and y else "-"
         for c in cmp_:
-            lines.append(f"| {c['model']} | {c['strategy']} | {c['workers']} | {c['servers']} | {c['placement']} | "
-                         f"{c['bandwidth']} | {c['ratio']:g} | {c['step_s'] * 1e3:.0f} | {c['ar_step_s'] * 1e3:.0f} | "
-                         f"{c['ps_over_ar']:.2f}x |")
+            line = (f"| {c['model']} | {c['strategy']} | {c['workers']} | {c['servers']} | {c['placement']} | "
+                    f"{c['bandwidth']} | {c['ratio']:g} | {ms(c['step_s'])} | {ms(c['ps_bound_s'])} | "
+                    f"{ratio(c['step_s'], c['ps_bound_s'])} | {ms(c['ar_step_s'])} | {ms(c['ring_bound_s'])} | "
+                    f"{ratio(c['ar_step_s'], c['ring_bound_s'])} | {c['ps_over_ar']:.2f}x |")
+            if has_ddp:
+                line += f" {ms(c['ddp_step_s'])} | {ratio(c['ddp_step_s'], c['step_s'])} |"
+            lines.append(line)
     scal = {}
     for r in rows:
         scal.setdefault(r["model"], (r.get("size_scale"), r.get("grad_bytes"), r.get("tensors")))

@@ -74,6 +74,9 @@ class Server:
         self.trace = None  # a ServerTrace once registered, with PUSHPULL_TRACE_ON=1
 
     def run(self) -> int:
+        if self.cfg.server_enable_schedule:
+            log.warning("BYTEPS_SERVER_ENABLE_SCHEDULE=1 has no effect in pushpull: the workers' credit window "
+                        "keeps at most one key per server in flight (docs/configuration.md)")
         if self.cfg.keep_freed_buffers:
             keep_freed_buffers()
         self.van.start()
