@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-from pushpull.bench.jobs import run_job
+from pushpull.bench.jobs import join_gloo_beside, run_job
 
 MiB = 1 << 20
 
@@ -117,24 +116,12 @@ def child_main(args) -> int:
     bps.init()
     rank, size = bps.rank(), bps.size()
     cfg = bps.config()
-    os.environ.setdefault("MASTER_ADDR", cfg.root_uri)
-    # rank 0's gloo rendezvous port and rank 1's echo port, shared through push_pull; the echo
-    # socket is bound before its port is published, so no other process can take it meanwhile
-    from pushpull.launch.cli import free_port
-
     sizes = resnet50_sizes()
     nbytes = sum(sizes) * 4
     echo = ZmqEcho(rank, cfg.root_uri, nbytes) if rank in (0, 1) else None
-    ports = torch.zeros(2, dtype=torch.int64)
-    if rank == 0:
-        ports[0] = free_port()
-    if rank == 1:
-        ports[1] = echo.port
-    ports = bps.push_pull(ports, average=False, name="bench.ports")
+    port = join_gloo_beside(echo.port if echo else 0)
     if echo:
-        echo.connect(int(ports[1]))
-    os.environ.setdefault("MASTER_PORT", str(int(ports[0])))
-    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=__import__("datetime").timedelta(seconds=120))
+        echo.connect(port)
     tensors = [torch.randn(n) for n in sizes]
 
     def pp_round() -> float:

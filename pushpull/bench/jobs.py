@@ -35,3 +35,29 @@ def run_job(prog: str, workers: int, servers: int, child: list[str], timeout: fl
             return None
         with open(out) as f:
             return json.load(f)
+
+
+def join_gloo_beside(peer_port: int = 0) -> int:
+    """Inside a benchmark job (after ``pushpull.torch.init()``): join a gloo process group of the same ranks
+    and share rank 1's ``peer_port`` (a socket it has bound for a raw-pyzmq floor) with every rank through
+    push_pull; returns that port. Rank 0 picks the rendezvous port; the peer socket is bound before its port
+    is published, so no other process can take it meanwhile."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import pushpull.torch as bps
+    from pushpull.launch.cli import free_port
+
+    rank, cfg = bps.rank(), bps.config()
+    ports = torch.zeros(2, dtype=torch.int64)
+    if rank == 0:
+        ports[0] = free_port()
+    if rank == 1:
+        ports[1] = peer_port
+    ports = bps.push_pull(ports, average=False, name="bench.ports")
+    os.environ.setdefault("MASTER_ADDR", cfg.root_uri)
+    os.environ.setdefault("MASTER_PORT", str(int(ports[0])))
+    dist.init_process_group("gloo", rank=rank, world_size=bps.size(), timeout=datetime.timedelta(seconds=120))
+    return int(ports[1])

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-from pushpull.bench.jobs import run_job
+from pushpull.bench.jobs import join_gloo_beside, run_job
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -70,29 +69,18 @@ class ZmqPing:
 
 
 def child_main(args) -> int:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     import pushpull.torch as bps
-    from pushpull.launch.cli import free_port
 
     bps.init()
-    rank, size = bps.rank(), bps.size()
     cfg = bps.config()
-    ping = ZmqPing(rank, cfg.root_uri) if rank in (0, 1) else None
-    ports = torch.zeros(2, dtype=torch.int64)
-    if rank == 0:
-        ports[0] = free_port()
-    if rank == 1:
-        ports[1] = ping.port
-    ports = bps.push_pull(ports, average=False, name="bench.ports")
+    ping = ZmqPing(bps.rank(), cfg.root_uri) if bps.rank() in (0, 1) else None
+    port = join_gloo_beside(ping.port if ping else 0)
     if ping:
-        ping.connect(int(ports[1]))
-    os.environ.setdefault("MASTER_ADDR", cfg.root_uri)
-    os.environ.setdefault("MASTER_PORT", str(int(ports[0])))
-    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=120))
+        ping.connect(port)
+    rank, size = bps.rank(), bps.size()
     x = torch.ones(1)
     pp, ar, zp = [], [], []
     block = max(1, args.iters // args.blocks)
