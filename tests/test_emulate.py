@@ -45,6 +45,20 @@ def test_rate_matches_configured():
 
 
 @needs_netns
+def test_hosts_run_the_chosen_congestion_control():
+    """Every host runs cubic by default, whatever the machine's own setting; None inherits it."""
+    cc = "/proc/sys/net/ipv4/tcp_congestion_control"
+    if "cubic" not in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split():
+        pytest.skip("this kernel has no cubic")
+    mine = open(cc).read().strip()
+    with EmulatedCluster(2, rate="100mbit") as c:
+        got = [c.run(i, ["cat", cc], timeout=10).stdout.strip() for i in range(2)]
+    assert got == ["cubic", "cubic"]
+    with EmulatedCluster(1, rate="100mbit", congestion=None) as c:
+        assert c.run(0, ["cat", cc], timeout=10).stdout.strip() == mine
+
+
+@needs_netns
 def test_delay_adds_rtt():
     if not netem_available() and shutil.which("iptables") is None:
         pytest.skip("no sch_netem and no iptables for the NFQUEUE delayer")
