@@ -73,3 +73,50 @@ def test_zero_credit_means_unlimited_and_double_release_is_caught():
     q.in_flight = 0
     with pytest.raises(AssertionError, match="twice"):
         q.release(1)
+
+
+# ---------------------------------------------------------------- the auto window --
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_auto_window_stays_at_its_floor_on_a_short_path():
+    """Round trips of a partition's own transmission (no path delay): twice the product is under the floor."""
+    from pushpull.worker.window import AutoWindow
+
+    w = AutoWindow(floor=256_000, cap=4_000_000, clock=_Clock())
+    for _ in range(50):  # 256 KB in flight, 12.5 MB/s link: ~20 ms queueing, 5 ms minimum
+        w.on_ack(256_000, 0.020)
+    w.on_ack(65_536, 0.005)
+    assert w.bytes == 256_000
+
+
+def test_auto_window_grows_to_twice_the_bandwidth_delay_product():
+    """A 10 ms round trip at 25 MB/s: the window grows from its floor to ~2 x 250 KB and stops there."""
+    from pushpull.worker.window import AutoWindow
+
+    rate, rtt0 = 25e6, 0.010
+    w = AutoWindow(floor=256_000, cap=10_000_000, clock=_Clock())
+    for _ in range(40):  # what a path of that rate and delay answers for the window in force:
+        in_flight = w.bytes  # all of it is acknowledged within one round trip
+        rtt = max(rtt0, in_flight / rate)
+        w.on_ack(in_flight, rtt)
+    assert abs(w.bytes - 2 * rate * rtt0) / (2 * rate * rtt0) < 0.05
+
+
+def test_auto_window_is_capped_and_forgets_old_samples():
+    from pushpull.worker.window import HORIZON_S, AutoWindow
+
+    clock = _Clock()
+    w = AutoWindow(floor=100_000, cap=1_000_000, clock=clock)
+    w.on_ack(1_000_000, 0.001)      # 1 GB/s x ... -> capped
+    assert w.bytes == 1_000_000
+    for _ in range(3):              # a horizon later only the new, slower samples count
+        clock.t += HORIZON_S / 2 + 0.1
+        w.on_ack(100_000, 0.050)
+    assert w.bytes == 200_000       # 2 x 2 MB/s x 50 ms

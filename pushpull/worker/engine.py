@@ -27,6 +27,7 @@ from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.van import Van
 from pushpull.worker.credit_queue import CreditQueue
 from pushpull.worker.handle import Handle, PushPullError
+from pushpull.worker.window import AutoWindow
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Partition:
     codec: object = None  # worker-side compression chain, or None
     held: int = 0         # credit bytes held by the push in flight (returned at PUSH_ACK)
     sock: str = ""        # the van socket of its server
+    t_sent: float = 0.0   # when its push left (for the auto window's round trips)
+    delivered_at_send: int = 0  # the engine's acknowledged bytes then
 
 
 @dataclass
@@ -131,6 +134,8 @@ class Engine:
         # an explicit credit applies at once; 'auto' needs the servers' addresses (known at start)
         self.queue: CreditQueue = CreditQueue((cfg.scheduling_credit or 0) * cfg.partition_bytes)
         self._credit_set = False  # a strategy chose the credit: start() keeps it
+        self.window: AutoWindow | None = None  # BYTEPS_SCHEDULING_CREDIT=auto with remote servers
+        self.delivered = 0  # bytes of pushes acknowledged so far (the auto window's rate samples)
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
         self.num_servers = 0
         self.started = False
@@ -153,7 +158,7 @@ class Engine:
         self.servers_local = all(str(s["host"]).startswith("127.") or s["host"] == "localhost"
                                  for s in book["servers"])
         if not self._credit_set:
-            self.queue.credit_bytes = self.default_credit_bytes()
+            self._use_default_credit()
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     f"w{self.rank}".encode(), self._server_message)
@@ -170,8 +175,9 @@ class Engine:
         self.member.barrier("worker")
 
     def default_credit_bytes(self, partition_bytes: int | None = None) -> int:
-        """BYTEPS_SCHEDULING_CREDIT in bytes (0 = unlimited). 'auto': one partition per server, at least
-        two, when the servers are on other hosts; unlimited when all are on this one.
+        """BYTEPS_SCHEDULING_CREDIT in bytes (0 = unlimited). 'auto': at least one partition per server,
+        at least two, when the servers are on other hosts (the window then grows to twice the measured
+        bandwidth-delay product: :mod:`pushpull.worker.window`); unlimited when all are on this one.
 
         Why a window over a network: with every key in flight at once, each worker's kernel holds
         ~1.5 MB spread over one TCP flow per server, the flows progress unevenly, and a key's round
@@ -185,6 +191,14 @@ class Engine:
             credit = 0 if (self.servers_local or not self.num_servers) else max(2, self.num_servers)
         return credit * part
 
+    def _use_default_credit(self) -> None:
+        """On the I/O thread (or before it runs): the configured credit, or the auto window."""
+        floor = self.default_credit_bytes()
+        self.window = None
+        if self.cfg.scheduling_credit is None and floor > 0:
+            self.window = AutoWindow(floor, cap=64 * int(self.cfg.partition_bytes))
+        self.queue.credit_bytes = floor
+
     def set_scheduling(self, partition_bytes: int | None = None, credit_bytes: int | None = None) -> None:
         """Change partition size (tensors first used after this call keep it) and
         credit in bytes (0 = unlimited; applies at once). Strategies call this."""
@@ -195,10 +209,16 @@ class Engine:
         if credit_bytes is not None:
             if credit_bytes < 0:
                 raise ValueError(f"credit_bytes must be >= 0, got {credit_bytes}")
-            self._credit_set = True
+            # the default (what strategies without their own credit ask for) keeps the auto window
+            default = self.started and credit_bytes == self.default_credit_bytes(partition_bytes)
+            self._credit_set = not default
 
             def apply() -> None:
-                self.queue.credit_bytes = int(credit_bytes)
+                if default:
+                    self._use_default_credit()
+                else:
+                    self.window = None
+                    self.queue.credit_bytes = int(credit_bytes)
                 self.queue.admit(self._send_partition)
             self.van.call_soon(apply)
 
@@ -377,6 +397,9 @@ class Engine:
             self.tracer.admitted(op, p)
         self.ops[p.key] = op
         p.held = nbytes
+        if self.window is not None:
+            p.t_sent = time.perf_counter()
+            p.delivered_at_send = self.delivered
         view = op.inp[p.offset:p.offset + p.nbytes]
         itemsize = e.itemsize
         # one request carries the push and the pull; the PUSH_ACK is wanted only to return a limited
@@ -433,8 +456,13 @@ class Engine:
             op = self.ops.get(h.key)
             ep = self.parts_by_key.get(h.key)
             if op is not None and ep is not None and op.round == h.round and ep[1].held:
-                self.queue.release(ep[1].held)
-                ep[1].held = 0
+                p = ep[1]
+                if self.window is not None and p.t_sent:
+                    self.delivered += p.nbytes
+                    self.queue.credit_bytes = self.window.on_ack(self.delivered - p.delivered_at_send,
+                                                                 time.perf_counter() - p.t_sent)
+                self.queue.release(p.held)
+                p.held = 0
                 self.queue.admit(self._send_partition)
         elif t == MsgType.PULL_RESP:
             op = self.ops.get(h.key)
