@@ -59,8 +59,15 @@ def plan_groups(plan: str | None) -> list[int] | None:
 
 
 def replay_row(row: dict) -> dict:
-    """A grid row as :func:`pushpull.sim.validate.validate` takes it: what the cell ran."""
-    return {**row, "measured_step_s": float(row["step_s"]), "bandwidth": float(row["bandwidth_bytes_s"]),
+    """A grid row as :func:`pushpull.sim.validate.validate` takes it: what the cell ran. A cell with a
+    configured one-way delay gets it as the per-message latency (plus the default 50 µs): a user knows
+    the path's round trip (ping) before running anything."""
+    extra = {}
+    if row.get("delay"):
+        from pushpull.emulate.netns import parse_time
+
+        extra["latency"] = parse_time(str(row["delay"])) + 50e-6
+    return {**row, **extra, "measured_step_s": float(row["step_s"]), "bandwidth": float(row["bandwidth_bytes_s"]),
             "layerwise": bool(row.get("layerwise")), "compute_clock": "deadline",
             "ps_partition_bytes": int(row.get("ps_partition_bytes") or 4_096_000),
             "groups": plan_groups(row.get("plan")) if row.get("base_strategy") == "mgwfbp" else None}

@@ -143,10 +143,12 @@ SETTINGS: tuple[Setting, ...] = (
       "Tensors larger than this are split into partitions of at most this many bytes."),
     S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], None, _auto_or_int, "auto | integer >= 0 (0 = unlimited)",
       "Credit in partitions: how many partitions a worker may have pushed and not yet acknowledged (0 = no "
-      "limit). auto (default; BytePS's default is 0): one per server, at least 2, when the servers are on other "
-      "hosts, so every server's link has work while all workers push the same keys at the same time and rounds "
-      "complete in priority order, instead of when the slowest of many competing TCP flows delivers "
-      "(docs/results/byteps_ps_vs_allreduce.md); unlimited when every server is on this host (CPU-bound)."),
+      "limit). auto (default; BytePS's default is 0): when the servers are on other hosts, a window of twice the "
+      "measured bandwidth-delay product (round trips and delivery rate of the pushes' acknowledgements), at least "
+      "one partition per server and 2, at most 64: every server's link has work while all workers push the same "
+      "keys at the same time, so rounds complete in priority order instead of when the slowest of many competing "
+      "TCP flows delivers (docs/results/byteps_ps_vs_allreduce.md); unlimited when every server is on this host "
+      "(CPU-bound)."),
     S("min_compress_bytes", ["BYTEPS_MIN_COMPRESS_BYTES"], 65536, _int_min(0), "integer >= 0",
       "Tensors smaller than this are sent uncompressed."),
     S("keep_freed_buffers", [], True, _bool, "0 | 1",
@@ -190,8 +192,8 @@ SETTINGS: tuple[Setting, ...] = (
       "`pushpull launch` picks it from the cores unless set: cores / (workers + servers), between 1 and 4."),
     S("server_enable_schedule", ["BYTEPS_SERVER_ENABLE_SCHEDULE"], False, _bool, "0 | 1",
       "Accepted for BytePS launch scripts and ignored (the server logs a warning): BytePS orders its servers' "
-      "engine queue by key priority; here each worker's default credit window keeps at most one key per server "
-      "in flight, so a server has little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
+      "engine queue by key priority; here each worker's default credit window keeps only about a bandwidth-delay "
+      "product in flight, so a server's queue holds little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
       "Asynchronous training: workers push parameter deltas, pulls return the server's parameters at once."),
     # --- liveness

@@ -76,7 +76,7 @@ class Server:
     def run(self) -> int:
         if self.cfg.server_enable_schedule:
             log.warning("BYTEPS_SERVER_ENABLE_SCHEDULE=1 has no effect in pushpull: the workers' credit window "
-                        "keeps at most one key per server in flight (docs/configuration.md)")
+                        "keeps only about a bandwidth-delay product in flight (docs/configuration.md)")
         if self.cfg.keep_freed_buffers:
             keep_freed_buffers()
         self.van.start()
