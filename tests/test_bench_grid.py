@@ -102,3 +102,17 @@ def test_ps_vs_ring_cell_on_namespaces(tmp_path):
     assert rep.returncode == 0, rep.stderr
     md = (tmp_path / "smoke_ps_vs_ring.md").read_text()
     assert "PS against all-reduce" in md and "| vgg16 | wfbp | 2 | 2 | separate | 100mbit |" in md
+
+
+def test_report_bounds_per_placement():
+    """c + bytes per link / B: M/B for a PS on its own hosts (n/k M/B with fewer servers), 2(n-1)/n M/B for
+    the ring and a colocated PS with k = n."""
+    from pushpull.bench.report import bounds
+
+    cell = {"compute_s": 0.16, "grad_bytes": 8e6, "bandwidth_bytes_s": 12.5e6, "workers": 4, "servers": 4}
+    sep = bounds(dict(cell, placement="separate"))
+    assert sep["ps_bound_s"] == pytest.approx(0.16 + 0.64) and sep["ring_bound_s"] == pytest.approx(0.16 + 0.96)
+    assert bounds(dict(cell, placement="colocated"))["ps_bound_s"] == pytest.approx(0.16 + 0.96)
+    assert bounds(dict(cell, placement="separate", servers=2))["ps_bound_s"] == pytest.approx(0.16 + 1.28)
+    assert bounds(dict(cell, placement="colocated", servers=2))["ps_bound_s"] is None
+    assert bounds(dict(cell, compute_s=None)) == {"ps_bound_s": None, "ring_bound_s": None}

@@ -87,13 +87,19 @@ def backend_comparison(agg: list[dict]) -> list[dict]:
 
 def bounds(a: dict) -> dict:
     """Each method's physical bound for the cell, c + bytes per link / B (c = compute, M = gradient bytes,
-    B = link rate, n workers): PS with servers on hosts of their own c + M/B; PS colocated and the ring
-    c + 2(n-1)/n M/B. Empty where a row lacks the numbers (older results)."""
+    B = link rate, n workers, k servers): PS with servers on hosts of their own c + max(1, n/k) M/B (a
+    server's link carries n/k of M); PS colocated with k = n and the ring c + 2(n-1)/n M/B. Empty where a
+    row lacks the numbers (older results) or for colocated k != n."""
     c, m, b, n = a.get("compute_s"), a.get("grad_bytes"), a.get("bandwidth_bytes_s"), a.get("workers")
+    k = a.get("servers") or n
     if None in (c, m, b, n) or not b:
         return {"ps_bound_s": None, "ring_bound_s": None}
     ring = c + 2 * (n - 1) / n * m / b
-    return {"ps_bound_s": ring if a.get("placement") == "colocated" else c + m / b, "ring_bound_s": ring}
+    if a.get("placement") == "colocated":
+        ps = ring if k == n else None
+    else:
+        ps = c + max(1.0, n / k) * m / b
+    return {"ps_bound_s": ps, "ring_bound_s": ring}
 
 
 def _fmt_bw(b):
