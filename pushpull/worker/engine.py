@@ -134,7 +134,8 @@ class Engine:
         # an explicit credit applies at once; 'auto' needs the servers' addresses (known at start)
         self.queue: CreditQueue = CreditQueue((cfg.scheduling_credit or 0) * cfg.partition_bytes)
         self._credit_set = False  # a strategy chose the credit: start() keeps it
-        self.window: AutoWindow | None = None  # BYTEPS_SCHEDULING_CREDIT=auto with remote servers
+        self.window: AutoWindow | None = None  # BYTEPS_SCHEDULING_CREDIT=auto with remote servers, in force
+        self._auto_window: AutoWindow | None = None  # kept while a strategy's own credit is in force
         self.delivered = 0  # bytes of pushes acknowledged so far (the auto window's rate samples)
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
         self.num_servers = 0
@@ -192,12 +193,15 @@ class Engine:
         return credit * part
 
     def _use_default_credit(self) -> None:
-        """On the I/O thread (or before it runs): the configured credit, or the auto window."""
+        """On the I/O thread (or before it runs): the configured credit, or the auto window (the same
+        one again when a strategy hands the default back, so what it measured is kept)."""
         floor = self.default_credit_bytes()
         self.window = None
         if self.cfg.scheduling_credit is None and floor > 0:
-            self.window = AutoWindow(floor, cap=64 * int(self.cfg.partition_bytes))
-        self.queue.credit_bytes = floor
+            if self._auto_window is None or self._auto_window.floor != floor:
+                self._auto_window = AutoWindow(floor, cap=64 * int(self.cfg.partition_bytes))
+            self.window = self._auto_window
+        self.queue.credit_bytes = self.window.bytes if self.window is not None else floor
 
     def set_scheduling(self, partition_bytes: int | None = None, credit_bytes: int | None = None) -> None:
         """Change partition size (tensors first used after this call keep it) and

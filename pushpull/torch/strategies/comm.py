@@ -71,7 +71,8 @@ class PSComm(Comm):
 
     def default_scheduling(self) -> tuple[int, int]:
         """BYTEPS_PARTITION_BYTES and BYTEPS_SCHEDULING_CREDIT in bytes (0 = credit off: FIFO;
-        'auto' = one partition per server, at least two)."""
+        'auto' = its floor: one partition per server, at least two; the engine grows it to the measured
+        bandwidth-delay product)."""
         cfg = ops.config()
         eng = ops.engine()
         if eng is not None:
