@@ -138,7 +138,7 @@ def _load(path: str) -> tuple[list[dict], float]:
     return events, meta["t0_unix_us"] / 1e6
 
 
-def analyse(tmp: str, res: dict, samples: dict, rate_Bps: float, hosts: list[int], n: int) -> dict:
+def analyse(tmp: str, res: dict, samples: dict, hosts: list[int]) -> dict:
     t_start, step_s = res["steps"][TRACE_STEP]
     t_end = t_start + step_s
     # worker 0: partition push (sent) and pull (answer arrived), by key
@@ -181,7 +181,7 @@ def analyse(tmp: str, res: dict, samples: dict, rate_Bps: float, hosts: list[int
     return {"t_start": t_start, "step_s": step_s, "keys": keys, "rates": rates, "round_ends": ends}
 
 
-def plot(summary: dict, samples: dict, hosts: list[int], n: int, rate_Bps: float, bound_s: float, title: str,
+def plot(summary: dict, samples: dict, hosts: list[int], rate_Bps: float, bound_s: float, title: str,
          path: str) -> None:
     import matplotlib
 
@@ -208,7 +208,6 @@ def plot(summary: dict, samples: dict, hosts: list[int], n: int, rate_Bps: float
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title, fontsize=10)
     link = samples["links"]
-    ts = [t for t, _ in link]
     win = 4  # samples per rate point (smoothing)
     colors = {"up": "tab:blue", "down": "tab:green"}
     for h, label, ls in ((hosts[0], "worker 0", "-"), (hosts[1], "server 0", ":")):
@@ -264,7 +263,7 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
 
-    from pushpull.bench.grid import scaled_profile
+    from pushpull.bench.grid import scaled_profile, scaled_ps_partition_bytes
     from pushpull.emulate import EmulatedCluster, launch_job
     from pushpull.sim.config import parse_bandwidth
 
@@ -278,7 +277,7 @@ def main(argv=None) -> int:
     env = {"PUSHPULL_TRACE_ON": "1", "PUSHPULL_TRACE_DIR": f"{tmp}/trace",
            "PUSHPULL_TRACE_START_STEP": str(TRACE_STEP), "PUSHPULL_TRACE_END_STEP": str(TRACE_STEP),
            # BytePS's default key size scaled with the model, as the grid does
-           "BYTEPS_PARTITION_BYTES": str(max(65536, int(4_096_000 * size_scale)))}
+           "BYTEPS_PARTITION_BYTES": str(scaled_ps_partition_bytes(size_scale))}
     env.update(dict(kv.split("=", 1) for kv in args.env))
     with EmulatedCluster(hosts, rate=args.rate, congestion=None if args.congestion == "inherit" else args.congestion) as c:
         if not c.emulated:
@@ -297,7 +296,7 @@ def main(argv=None) -> int:
                             text=True).stdout
     res = json.loads(Path(f"{tmp}/result.json").read_text())
     samples = json.loads(Path(f"{tmp}/samples.json").read_text())
-    s = analyse(tmp, res, samples, rate_Bps, [0, server0_host], n)
+    s = analyse(tmp, res, samples, [0, server0_host])
     bound = res["compute_s"] + res["bytes"] / rate_Bps
     ends = s["round_ends"]
     up_drops = [int(m) for i in range(hosts) for m in re.findall(r"dropped (\d+)", qd[i])[:1]]
@@ -318,7 +317,7 @@ def main(argv=None) -> int:
                            f"{' '.join(args.env) or 'defaults'}; {args.congestion}: step {s['step_s'] * 1e3:.0f} ms, "
                            f"bound {bound * 1e3:.0f} ms")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    plot(s, samples, [0, server0_host], n, rate_Bps, bound, title, f"{args.out}.png")
+    plot(s, samples, [0, server0_host], rate_Bps, bound, title, f"{args.out}.png")
     Path(f"{args.out}.json").write_text(json.dumps({
         "args": vars(args), "step_s": s["step_s"], "bound_s": bound, "round_ends_s": ends,
         "rates_Bps": s["rates"], "uplink_drops": up_drops, "downlink_drops": down_drops,

@@ -143,6 +143,12 @@ def scaled_profile(model: str, grad_mb: float):
     return prof, size_scale, numel * 4
 
 
+def scaled_ps_partition_bytes(size_scale: float) -> int:
+    """BytePS's default key size (BYTEPS_PARTITION_BYTES, 4,096,000) scaled with the model's tensors, at
+    least 64 KiB: the out-of-the-box key size of a model shrunk by ``size_scale``."""
+    return max(65536, int(4_096_000 * size_scale))
+
+
 def expand(cfg: dict) -> list[dict]:
     """The grid's jobs, each with its cells' strategies."""
     from pushpull.sim.config import parse_bandwidth
@@ -182,7 +188,7 @@ def expand(cfg: dict) -> list[dict]:
                      "batch_size": prof.batch_size, "runs": runs,
                      # PS keys sharded at ByteScheduler's size x the size scale (BYTEPS_PARTITION_BYTES)
                      "ps_partition_bytes": int(float(cfg["ps_partition_bytes"])) if cfg.get("ps_partition_bytes")
-                     else max(65536, int(4_096_000 * size_scale))})
+                     else scaled_ps_partition_bytes(size_scale)})
     return jobs
 
 
@@ -470,7 +476,8 @@ def child_main(spec: dict, out: str) -> int:
             times[name].append(block)
     plans = {}
     # the (partition, credit) bytes each strategy ran with: the defaults unless the variant set them
-    scheduling = {name: list(getattr(st, "_sched", (None, None))) for name, (_, _, st, _) in runs.items()}
+    scheduling = {name: list(st.scheduling()) if st is not None else [None, None]
+                  for name, (_, _, st, _) in runs.items()}
     for name, (_, _, st, _) in runs.items():
         try:
             plans[name] = st.describe_plan()

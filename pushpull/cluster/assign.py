@@ -14,6 +14,11 @@ def part_key(tensor_key: int, part: int) -> int:
     return (tensor_key << PART_BITS) | part
 
 
+def part_index(key: int) -> int:
+    """The partition index of a key made by :func:`part_key`."""
+    return key & ((1 << PART_BITS) - 1)
+
+
 def _djb2(s: str) -> int:
     h = 5381
     for c in s.encode():

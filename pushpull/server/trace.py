@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from pushpull.cluster import nodes
-from pushpull.cluster.assign import PART_BITS
+from pushpull.cluster.assign import part_index
 from pushpull.timeline import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class ServerTrace:
         """One push of ``key`` arrived at ``t_arrival`` (perf_counter); ``completed`` if it ended the round."""
         if not self.first_round <= rnd <= self.last_round or self.events >= MAX_EVENTS:
             return
-        track = f"{name}#{key & ((1 << PART_BITS) - 1)}"
+        track = f"{name}#{part_index(key)}"
         w = self.writer
         w.instant(track, f"push rank {rank}", ts_us=w.us(t_arrival), cat="push",
                   args={"key": key, "round": rnd, "rank": rank})
