@@ -6,7 +6,10 @@ Why a benchmark of its own: a model with hundreds of small tensors, or a loop
 that averages a metric every step, pays this per call, and the bandwidth
 benchmarks hide it. Every worker reduces one float ``--iters`` times back to
 back (each call waits for the previous one), interleaved in blocks with gloo
-so that both see the same machine load. Printed: median and p99 of each, the
+so that both see the same machine load; push_pull runs twice per block, on the
+caller's thread (the direct path a blocking small call takes by default) and
+through the engine's I/O thread (as with PUSHPULL_DIRECT_BYTES=0, and as every
+push_pull_async). Printed: median and p99 of each, the
 ratio push_pull / gloo, and the median round trip of one 4-byte message
 between ranks 0 and 1 over raw pyzmq (a push_pull is at least one such round
 trip: worker -> server -> worker).
@@ -82,15 +85,22 @@ def child_main(args) -> int:
         ping.connect(port)
     rank, size = bps.rank(), bps.size()
     x = torch.ones(1)
-    pp, ar, zp = [], [], []
+    pp, pe, ar, zp = [], [], [], []
+    eng = bps.engine()
+    direct_cfg, engine_cfg = eng.cfg, eng.cfg.replace(direct_bytes=0)
+    direct_before = 0
     block = max(1, args.iters // args.blocks)
     for b in range(args.blocks + 1):  # block 0 warms up (declares the key, fills caches)
-        bps.barrier()
-        times = []
-        for _ in range(block):
-            t0 = time.perf_counter()
-            bps.push_pull(x, average=True, name="latency.x")
-            times.append(time.perf_counter() - t0)
+        runs = {}
+        for path, cfg in (("direct", direct_cfg), ("engine", engine_cfg)):
+            eng.cfg = cfg
+            bps.barrier()
+            times = runs[path] = []
+            for _ in range(block):
+                t0 = time.perf_counter()
+                bps.push_pull(x, average=True, name="latency.x")
+                times.append(time.perf_counter() - t0)
+        eng.cfg = direct_cfg
         dist.barrier()
         gtimes = []
         for _ in range(block):
@@ -99,8 +109,11 @@ def child_main(args) -> int:
             gtimes.append(time.perf_counter() - t0)
         dist.barrier()
         ztimes = ping.rounds(block) if ping else []
-        if b:
-            pp += times
+        if not b:
+            direct_before = eng.stats["direct_calls"]
+        else:
+            pp += runs["direct"]
+            pe += runs["engine"]
             ar += gtimes
             zp += ztimes
     dist.barrier()
@@ -108,7 +121,8 @@ def child_main(args) -> int:
         ping.close()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zp, "workers": size,
+            json.dump({"pushpull_times": pp, "engine_times": pe, "allreduce_times": ar,
+                       "direct_calls": eng.stats["direct_calls"] - direct_before, "zmq_times": zp, "workers": size,
                        "servers": cfg.num_server}, f)
     dist.destroy_process_group()
     bps.shutdown()
@@ -121,6 +135,11 @@ def summarize(r: dict) -> dict:
            "pushpull_median_us": statistics.median(pp) * 1e6, "pushpull_p99_us": _pct(pp, 0.99) * 1e6,
            "allreduce_median_us": statistics.median(ar) * 1e6, "allreduce_p99_us": _pct(ar, 0.99) * 1e6,
            "zmq_roundtrip_median_us": statistics.median(zp) * 1e6 if zp else None}
+    pe = r.get("engine_times") or []
+    if pe:
+        res["engine_median_us"] = statistics.median(pe) * 1e6
+        res["engine_p99_us"] = _pct(pe, 0.99) * 1e6
+    res["direct_calls"] = r.get("direct_calls")
     res["ratio_vs_allreduce"] = res["pushpull_median_us"] / res["allreduce_median_us"]
     res["p99_over_median"] = res["pushpull_p99_us"] / res["pushpull_median_us"]
     return res
@@ -149,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     res = summarize(r)
     print(f"one float, {res['workers']} workers, {res['servers']} server(s), {res['calls']} calls each")
     print(f"  push_pull (pushpull)   median {res['pushpull_median_us']:7.0f} us   p99 {res['pushpull_p99_us']:7.0f} us")
+    if "engine_median_us" in res:
+        print(f"  through the engine     median {res['engine_median_us']:7.0f} us   p99 {res['engine_p99_us']:7.0f} us"
+              f"   (PUSHPULL_DIRECT_BYTES=0; the call above took the direct path {res['direct_calls']} times)")
     print(f"  all_reduce (gloo)      median {res['allreduce_median_us']:7.0f} us   p99 {res['allreduce_p99_us']:7.0f} us")
     print(f"  ratio pushpull / gloo  {res['ratio_vs_allreduce']:.2f}x   (pushpull p99 / median "
           f"{res['p99_over_median']:.2f})")

@@ -103,7 +103,7 @@ def shutdown() -> None:
     _trace.uninstall()
     if eng is not None:
         if _state.crashed:
-            eng.van.stop()  # crashed: exit now and let the launcher stop the job
+            eng.stop()  # crashed: exit now and let the launcher stop the job
         else:
             eng.shutdown()
     _state.cfg = None
@@ -225,13 +225,27 @@ def synchronize(handle: int, timeout: float | None = None) -> torch.Tensor:
     return eng.wait(h, timeout)
 
 
+def _direct(tensor, output, average: bool, name: str | None, compression) -> torch.Tensor | None:
+    """The engine's caller-thread path for a small blocking call (None: take the usual one)."""
+    st = _state
+    if st.engine is None or name is None or compression is not None or not isinstance(tensor, torch.Tensor):
+        return None
+    return st.engine.push_pull_now(tensor, output, name + st.name_suffix, average)
+
+
 def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
               priority: int = 0, compression=None) -> torch.Tensor:
+    out = _direct(tensor, None, average, name, compression)
+    if out is not None:
+        return out
     return synchronize(push_pull_async(tensor, average, name, version, priority, compression))
 
 
 def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
                       priority: int = 0, compression=None) -> torch.Tensor:
+    out = _direct(tensor, tensor, average, name, compression)
+    if out is not None:
+        return out
     return synchronize(push_pull_async_inplace(tensor, average, name, version, priority, compression))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import zmq
 
 from pushpull.cluster.assign import part_key
 from pushpull.cluster.member import Member
@@ -26,6 +27,7 @@ from pushpull.transport.protocol import (
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.van import Van
 from pushpull.worker.credit_queue import CreditQueue
+from pushpull.worker.direct import DirectPath
 from pushpull.worker.handle import Handle, PushPullError
 from pushpull.worker.window import AutoWindow
 
@@ -140,7 +142,8 @@ class Engine:
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
         self.num_servers = 0
         self.started = False
-        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0}
+        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0}
+        self.direct: DirectPath | None = None  # blocking small calls on the caller's thread
         self.tracer = None  # set by the torch layer when tracing
         self._completed: list[tuple[Handle, str | None]] = []  # released at the end of the van's pass
 
@@ -160,6 +163,9 @@ class Engine:
                                  for s in book["servers"])
         if not self._credit_set:
             self._use_default_credit()
+        if self.cfg.direct_bytes > 0:
+            self.direct = DirectPath(self.van.ctx, self.rank,
+                                     {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]})
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     f"w{self.rank}".encode(), self._server_message)
@@ -169,6 +175,12 @@ class Engine:
     def shutdown(self) -> None:
         if self.started and not self.member.failure:
             self.member.finish()
+        self.stop()
+
+    def stop(self) -> None:
+        """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
+        if self.direct is not None:
+            self.direct.close()  # the van's context waits for every socket to be closed
         self.van.stop()
         self.started = False
 
@@ -305,6 +317,54 @@ class Engine:
         op.handle.output = output if output is not None else out
         self.van.call_soon(lambda: self._start(op))
         return op.handle
+
+    def push_pull_now(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
+                      average: bool) -> torch.Tensor | None:
+        """A blocking push_pull done on the caller's thread (:mod:`pushpull.worker.direct`), or None
+        where it needs the engine (first use, several partitions, compression, tracing, GPU tensors,
+        one already in flight): the caller then submits it as usual."""
+        direct = self.direct
+        e = self.entries.get(name)
+        if (direct is None or direct.closed or e is None or e.state != "ready" or len(e.parts) != 1
+                or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
+                or self.tracer is not None or tensor.device.type != "cpu" or tensor.dtype != e.dtype
+                or tuple(tensor.shape) != e.shape or self.member.failure
+                or (output is not None and (output.device.type != "cpu" or not output.is_contiguous()))):
+            return None
+        with self.table_lock:
+            if e.busy or e.state != "ready":
+                return None
+            e.busy = True
+        try:
+            src = tensor.detach().contiguous()
+            out = torch.empty_like(src) if output is None else output
+            p = e.parts[0]
+            e.round += 1
+            header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code,
+                            numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
+            try:
+                buf = direct.exchange(p.sock, header, _raw_bytes(src), self.cfg.timeout,
+                                      lambda: self.member.failure)
+            except TimeoutError as ex:
+                raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
+                                    f"(PUSHPULL_TIMEOUT): {ex}; a slow or missing worker keeps round {e.round} "
+                                    f"open") from None
+            except ConnectionError as ex:
+                raise PushPullError(f"push_pull of tensor {name!r}: {ex}") from None
+            except RuntimeError as ex:  # the server's ERROR: the tensor is unusable, as through the engine
+                with self.table_lock:
+                    e.state, e.error = "failed", str(ex)
+                raise PushPullError(str(ex)) from None
+            except zmq.ZMQError as ex:
+                raise PushPullError(f"push_pull of tensor {name!r}: the engine is shut down ({ex})") from None
+            error = self._write_sum(e, p, buf, _raw_bytes(out), average)
+            if error:
+                raise PushPullError(error)
+            self._average_rest(out, average)
+            self.stats["direct_calls"] += 1
+            return out
+        finally:
+            e.busy = False
 
     def _describe(self, op: Op) -> str:
         e = op.entry
@@ -479,21 +539,17 @@ class Engine:
                 self.tracer.pull_received(h.key)
             buf = msg.body_view()
             dst = op.out_bytes[p.offset:p.offset + p.nbytes]
-            npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
             if h.flags & Flags.COMPRESSED:
                 p.codec.decompress_into(buf, dst)
+                npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
                 if npdt is not None:
                     typed = dst.view(npdt)
                     np.multiply(typed, self.inv_size, out=typed)
             else:
-                if len(buf) != p.nbytes:
-                    self._finish(op, f"tensor {op.entry.name!r}: server {p.server} answered {len(buf)} bytes "
-                                     f"for a partition of {p.nbytes}")
+                error = self._write_sum(op.entry, p, buf, dst, op.average)
+                if error:
+                    self._finish(op, error)
                     return
-                if npdt is not None:  # average while copying: one pass over the data instead of two
-                    np.multiply(np.frombuffer(buf, dtype=npdt), self.inv_size, out=dst.view(npdt))
-                else:
-                    np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
             self.stats["bytes_pulled"] += len(buf)
             if self.tracer is not None:
                 self.tracer.partition_done(op, p)
@@ -515,6 +571,18 @@ class Engine:
             self._fail_entry(ep[0], text)
         else:
             log.warning("unexpected %s from a server ignored", t.name)
+
+    def _write_sum(self, e: Entry, p: Partition, buf, dst: np.ndarray, average: bool) -> str | None:
+        """Copy a partition's sum from the server into ``dst`` (averaging floats on the way); an error
+        text when the server's answer does not fit."""
+        if len(buf) != p.nbytes:
+            return f"tensor {e.name!r}: server {p.server} answered {len(buf)} bytes for a partition of {p.nbytes}"
+        npdt = _NP_FLOAT.get(e.dtype) if average and self.size > 1 else None
+        if npdt is not None:  # average while copying: one pass over the data instead of two
+            np.multiply(np.frombuffer(buf, dtype=npdt), self.inv_size, out=dst.view(npdt))
+        else:
+            np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
+        return None
 
     def _scheduler_message(self, msg: Msg) -> None:
         h = msg.header
@@ -551,13 +619,7 @@ class Engine:
                     p.held = 0
         if error is None:
             try:
-                if op.average and self.size > 1:
-                    if op.out.dtype in _NP_FLOAT:
-                        pass  # divided partition by partition on arrival
-                    elif op.out.dtype.is_floating_point:
-                        op.out.div_(self.size)
-                    else:
-                        op.out.copy_(torch.div(op.out, self.size, rounding_mode="trunc"))
+                self._average_rest(op.out, op.average)
                 if op.user_out is not None:
                     op.user_out.copy_(op.out)
                 elif op.device is not None:
@@ -572,6 +634,15 @@ class Engine:
         if not self._completed:
             self.van.at_pass_end(self._release_completed)
         self._completed.append((op.handle, error))
+
+    def _average_rest(self, out: torch.Tensor, average: bool) -> None:
+        """Average what was not averaged on arrival (dtypes NumPy cannot scale in place); integers are
+        divided rounding toward zero, as C integer division."""
+        if average and self.size > 1 and out.dtype not in _NP_FLOAT:
+            if out.dtype.is_floating_point:
+                out.div_(self.size)
+            else:
+                out.copy_(torch.div(out, self.size, rounding_mode="trunc"))
 
     def _release_completed(self) -> None:
         done, self._completed = self._completed, []

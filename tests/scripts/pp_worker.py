@@ -109,6 +109,33 @@ def case_rounds() -> None:
         expect_equal(f"round {rnd}", got, want)
 
 
+def case_direct() -> None:
+    """Small blocking calls after the first go on the caller's thread (the engine's direct path);
+    the sums, averages, in-place outputs and integer rounding must be those of the engine's path,
+    and async calls on the same name must still work between them."""
+    r, n = bps.rank(), bps.size()
+    eng = bps.engine()
+    before = eng.stats["direct_calls"] if eng is not None else 0
+    for i in range(10):
+        got = bps.push_pull(torch.full((3,), float(r + i)), average=True, name="direct.avg")
+        expect_equal(f"direct.avg {i}", got, torch.full((3,), sum(k + i for k in range(n)) / n), rtol=1e-6)
+    for i in range(3):
+        x = torch.full((5,), r + 2 * i + 1, dtype=torch.int64)
+        got = bps.push_pull(x, average=True, name="direct.int")
+        expect_equal(f"direct.int {i}", got, torch.full((5,), sum(k + 2 * i + 1 for k in range(n)) // n,
+                                                         dtype=torch.int64))
+    for i in range(3):
+        x = torch.full((4,), float(r + 1))
+        same = bps.push_pull_inplace(x, average=False, name="direct.inplace")
+        if same.data_ptr() != x.data_ptr():
+            fail("push_pull_inplace returned a new tensor")
+        expect_equal(f"direct.inplace {i}", x, torch.full((4,), float(sum(k + 1 for k in range(n)))))
+        h = bps.push_pull_async(torch.full((4,), float(r)), average=False, name="direct.inplace")
+        expect_equal(f"direct.inplace async {i}", bps.synchronize(h), torch.full((4,), float(sum(range(n)))))
+    if eng is not None and eng.stats["direct_calls"] - before < 10:
+        fail(f"only {eng.stats['direct_calls'] - before} of the blocking calls took the direct path")
+
+
 def case_overlap() -> None:
     """Two handles in flight; the first polled before being synchronized."""
     r, n = bps.rank(), bps.size()
@@ -184,6 +211,7 @@ def case_priority() -> None:
 
 CASES = {
     "dtypes": case_dtypes, "partitions": case_partitions, "many": case_many, "rounds": case_rounds,
+    "direct": case_direct,
     "overlap": case_overlap, "priority": case_priority, "mismatch": case_mismatch, "hang": case_hang,
 }
 
