@@ -129,9 +129,12 @@ SETTINGS: tuple[Setting, ...] = (
       "Index of this worker machine; rank = local_rank + worker_id * local_size. "
       "If unset, taken from torchrun (RANK), SLURM (SLURM_PROCID) or Open MPI (OMPI_COMM_WORLD_RANK)."),
     S("node_host", ["DMLC_NODE_HOST"], None, lambda s: s or None, "host name or IP",
-      "Address other nodes use to reach this node (servers bind and advertise it)."),
+      "Address other nodes use to reach this node (servers advertise it and listen on it)."),
     S("interface", ["DMLC_INTERFACE"], None, lambda s: s or None, "network interface name",
-      "Interface whose address is advertised when node_host is unset."),
+      "Interface whose IPv4 address is advertised (and listened on) when node_host is unset."),
+    S("bind_host", [], None, lambda s: s or None, "host name or IP, or * for every interface",
+      "Where the scheduler and servers listen; default: the address they advertise (DMLC_PS_ROOT_URI for the "
+      "scheduler, node_host / interface for a server), never every interface unless asked."),
     S("local_rank", ["BYTEPS_LOCAL_RANK"], None, _opt_int, "integer >= 0",
       "Rank of this worker process on its machine (set by the launcher)."),
     S("local_size", ["BYTEPS_LOCAL_SIZE"], None, _opt_int, "integer >= 1",
@@ -200,6 +203,18 @@ SETTINGS: tuple[Setting, ...] = (
       "product in flight, so a server's queue holds little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
       "Asynchronous training: workers push parameter deltas, pulls return the server's parameters at once."),
+    # --- security (docs/security.md)
+    S("auth", [], "auto", _choice("auto", "curve", "plain", "none"), "auto | curve | plain | none",
+      "How nodes prove they belong to the job (credentials derived from the job secret; a peer without them "
+      "gets no reply): 'curve' = ZeroMQ CURVE, authenticated and encrypted; 'plain' = ZeroMQ PLAIN, "
+      "authenticated, not encrypted (an eavesdropper could read and replay); 'auto' = CURVE between machines, "
+      "PLAIN on loopback, which no other machine reaches or sees; 'none' = anyone who reaches a port is a "
+      "member (logs a warning). docs/security.md."),
+    S("secret", [], None, lambda s: s or None, "any string (keep it private)",
+      "The job secret, the same on every machine. `pushpull launch --workers N` makes a fresh one for its "
+      "job; multi-machine jobs set it (or secret_file) themselves. Never printed."),
+    S("secret_file", [], None, lambda s: s or None, "file path",
+      "A file holding the job secret (its first line), instead of secret."),
     # --- liveness
     S("timeout", [], 120.0, _float_pos, "seconds > 0",
       "Longest wait for any reply (registration, barrier, a push_pull) before an error names what is missing."),
@@ -350,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pushpull config: {e}")
         return 2
     for s in SETTINGS:
-        print(f"{s.env:<36} {cfg.values[s.name]!s:<16} ({cfg.sources[s.name]})")
+        value = cfg.values[s.name]
+        if s.name == "secret" and value:
+            value = "<set, not shown>"
+        print(f"{s.env:<36} {value!s:<16} ({cfg.sources[s.name]})")
     return 0
 
 

@@ -16,7 +16,8 @@ BPSLAUNCH = [sys.executable, "-c", "from pushpull.launch.cli import bpslaunch_ma
 def _env(role: str, port: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PUSHPULL_"))}
     env.update({"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-                "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "BYTEPS_LOG_LEVEL": "WARNING"})
+                "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "BYTEPS_LOG_LEVEL": "WARNING",
+                "PUSHPULL_SECRET": f"liveness test {port}"})  # multi-machine jobs set the secret themselves
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

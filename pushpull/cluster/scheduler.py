@@ -12,10 +12,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import zmq
+
 from pushpull.cluster import nodes
+from pushpull.cluster.address import bind_error, bind_host, scheduler_host
 from pushpull.cluster.assign import Assigner
 from pushpull.config import Config
 from pushpull.transport.protocol import Header, Msg, MsgType, ProtocolError, decode_json, encode_json
+from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
@@ -38,7 +42,7 @@ class NodeInfo:
 class Scheduler:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.van = Van("scheduler", batch_bytes=cfg.batch_bytes)
+        self.van = Van("scheduler", batch_bytes=cfg.batch_bytes, auth=auth_for(cfg, "scheduler"))
         self.num_servers = cfg.num_server
         self.num_workers: int | None = None   # learnt from the first worker's declared size
         self.workers: dict[int, NodeInfo] = {}
@@ -49,12 +53,16 @@ class Scheduler:
         self.barriers: dict[tuple[str, int], set[bytes]] = {}
         self.assigner: Assigner | None = None
         self.exit_code = 0
-        bind = "0.0.0.0"
-        self.port = self.van.bind_router("nodes", bind, cfg.root_port, self._handle)
+        listen = bind_host(cfg, scheduler_host(cfg))
+        try:
+            self.port = self.van.bind_router("nodes", listen, cfg.root_port, self._handle,
+                                             advertised=scheduler_host(cfg))
+        except zmq.ZMQError as e:
+            raise bind_error(listen, cfg.root_port, e) from None
         self.van.call_later(cfg.heartbeat_interval, self._check, every=cfg.heartbeat_interval)
 
     def run(self) -> int:
-        log.info("scheduler listening on port %d, expecting %d server(s)", self.port, self.num_servers)
+        log.info("scheduler listening on %s:%d, expecting %d server(s)", self.cfg.root_uri, self.port, self.num_servers)
         self.van.run_forever()
         return self.exit_code
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pushpull.emulate.netns import EmulatedCluster, _terminate
+from pushpull.launch.cli import ensure_job_secret
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, wor
         "DMLC_INTERFACE": cluster.iface,
     })
     base.setdefault("BYTEPS_LOCAL_SIZE", "1")
+    ensure_job_secret(base)  # this function starts every process of the job, as the local launcher does
     job = Job(log_dir=Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pushpull-job-")))
     job.log_dir.mkdir(parents=True, exist_ok=True)
     launch = list(launcher) if launcher else [python, "-m", "pushpull", "launch"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -152,6 +153,14 @@ def _base_env(extra: dict | None = None) -> dict:
     return env
 
 
+def ensure_job_secret(env: dict) -> None:
+    """A launcher that starts every process of a job gives them a fresh secret, unless the user set one
+    or turned authentication off (docs/security.md); children read it from their environment."""
+    auth = env.get("PUSHPULL_AUTH", "curve").strip().lower()
+    if auth != "none" and not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
+        env["PUSHPULL_SECRET"] = secrets.token_urlsafe(32)
+
+
 def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = None,
                  env_extra: dict | None = None, prefix_output: bool = True) -> int:
     """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine."""
@@ -167,6 +176,7 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     # here they share the cores with the workers (4 per server on 2 cores: about 10 % slower, GIL hand-offs)
     if not any(k in common for k in ("PUSHPULL_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD")):
         common["PUSHPULL_SERVER_ENGINE_THREAD"] = str(max(1, min(4, (os.cpu_count() or 1) // (workers + servers))))
+    ensure_job_secret(common)
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",
                    "DMLC_NUM_SERVER": str(servers), "DMLC_WORKER_ID": "0", "BYTEPS_LOCAL_SIZE": str(workers),
                    "DMLC_NODE_HOST": "127.0.0.1"})

@@ -16,14 +16,18 @@ def run_role(role: str) -> int:
         return 2
     logging.basicConfig(level=python_log_level(cfg), format=f"%(asctime)s {role} %(levelname)s: %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if role == "scheduler":
-        from pushpull.cluster.scheduler import run_scheduler
+    try:
+        if role == "scheduler":
+            from pushpull.cluster.scheduler import run_scheduler
 
-        return run_scheduler(cfg)
-    if role == "server":
-        from pushpull.server.server import run_server
+            return run_scheduler(cfg)
+        if role == "server":
+            from pushpull.server.server import run_server
 
-        return run_server(cfg)
+            return run_server(cfg)
+    except ConfigError as e:  # no job secret, an address it cannot listen on: say so and stop
+        print(f"pushpull {role}: {e}", file=sys.stderr)
+        return 2
     print(f"pushpull: unknown role {role!r}; expected scheduler or server", file=sys.stderr)
     return 2
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import queue
-import socket
 import threading
 import time
 
 import numpy as np
+import zmq
 
 from pushpull.cluster import nodes
+from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError, Member
 from pushpull.config import Config
 from pushpull.server.keystate import KeyState, RoundError
@@ -26,6 +27,7 @@ from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, dtype_name, encode_json,
 )
 from pushpull.transport.memory import keep_freed_buffers
+from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
@@ -36,29 +38,16 @@ SOCK = "workers"
 INLINE_KEY_BYTES = 65536
 
 
-def advertised_host(cfg: Config) -> str:
-    """The address other nodes should use to reach this one."""
-    if cfg.node_host:
-        return cfg.node_host
-    if cfg.root_uri in ("127.0.0.1", "localhost"):
-        return "127.0.0.1"
-    # the local address of the route towards the scheduler
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((cfg.root_uri, cfg.root_port))
-        return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
-    finally:
-        s.close()
-
-
 class Server:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.van = Van("server", batch_bytes=cfg.batch_bytes)
+        self.van = Van("server", batch_bytes=cfg.batch_bytes, auth=auth_for(cfg, "server"))
         self.host = advertised_host(cfg)
-        self.port = self.van.bind_router(SOCK, "0.0.0.0", 0, self._handle)
+        listen = bind_host(cfg, self.host)
+        try:
+            self.port = self.van.bind_router(SOCK, listen, 0, self._handle, advertised=self.host)
+        except zmq.ZMQError as e:
+            raise bind_error(listen, 0, e) from None
         self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},
                              on_registered=self._on_registered)
         self._early: list[tuple[bytes, Msg]] = []  # worker messages that beat our address book

@@ -44,6 +44,11 @@ _recv = zmq.backend.Socket.recv
 _getsockopt = zmq.backend.Socket.get
 BATCH_LIMIT = 1 << 20  # bytes held for one peer before they go out without waiting for the pass to end
 
+def tcp_host(addr: str) -> str:
+    """The host of a ``tcp://host:port`` address."""
+    return addr.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+
+
 RouterHandler = Callable[[bytes, Msg], None]
 DealerHandler = Callable[[Msg], None]
 
@@ -53,8 +58,11 @@ class Van:
 
     _ids = itertools.count()
 
-    def __init__(self, name: str, batch_bytes: int = 0):
+    def __init__(self, name: str, batch_bytes: int = 0, auth=None):
+        """``auth``: a :class:`pushpull.transport.security.JobAuth` that every socket of this van uses
+        (None: no authentication, PUSHPULL_AUTH=none)."""
         self.name = name
+        self.auth = auth
         self.batch_bytes = batch_bytes
         # (socket id, identity) -> [bytes held, [parts, ...]]; touched on the I/O thread only
         self._batches: dict[tuple, list] = {}
@@ -89,11 +97,15 @@ class Van:
         s.setsockopt(zmq.LINGER, 2000)
         s.setsockopt(zmq.TCP_KEEPALIVE, 1)
 
-    def bind_router(self, sid: str, host: str, port: int, handler: RouterHandler) -> int:
-        """Bind a ROUTER socket on ``host:port`` (port 0 = any free port); returns the port."""
+    def bind_router(self, sid: str, host: str, port: int, handler: RouterHandler, advertised: str | None = None) -> int:
+        """Bind a ROUTER socket on ``host:port`` (port 0 = any free port), reached by peers at ``advertised``
+        (default ``host``); returns the port."""
         s = self.ctx.socket(zmq.ROUTER)
         self._tune(s)
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if self.auth is not None:
+            # the mechanism follows the address peers connect to, so both ends pick the same one
+            self.auth.listen(s, advertised or host)
         bind_host = "*" if host in ("0.0.0.0", "*") else host
         if port == 0:
             port = s.bind_to_random_port(f"tcp://{bind_host}", min_port=20000, max_port=60000, max_tries=200)
@@ -106,6 +118,8 @@ class Van:
         s = self.ctx.socket(zmq.DEALER)
         self._tune(s)
         s.setsockopt(zmq.IDENTITY, identity)
+        if self.auth is not None:
+            self.auth.connect(s, tcp_host(addr))
         s.connect(addr)
         self._add(sid, s, handler, router=False)
 
@@ -218,8 +232,13 @@ class Van:
             parts = [identity, *parts]
         try:
             last = len(parts) - 1
+            # never blocking: a DEALER whose only peer is gone (or refused its handshake) would block
+            # the I/O thread for good; the message is dropped and the caller's deadline reports it
             for i, frame in enumerate(parts):
-                _send(s, frame, _SNDMORE if i < last else 0, copy=False)
+                _send(s, frame, (_SNDMORE if i < last else 0) | _NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("%s: %s has no connected peer (gone, or refused our authentication); message dropped",
+                        self.name, sid)
         except zmq.ZMQError as e:
             # ROUTER_MANDATORY: peer unknown (not connected yet or gone)
             log.warning("%s: send on %s failed: %s", self.name, sid, e)
@@ -341,4 +360,6 @@ class Van:
         self._wake_rx.close(0)
         with self._wake_lock:
             self._wake_tx.close(0)
+        if self.auth is not None:
+            self.auth.close(self.ctx)
         self.ctx.term()

@@ -21,6 +21,7 @@ import time
 import zmq
 import zmq.backend
 
+from pushpull.transport.van import tcp_host
 from pushpull.transport.protocol import (
     Flags, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
 )
@@ -36,8 +37,9 @@ class DirectPath:
 
     _thread_ids = itertools.count()
 
-    def __init__(self, ctx: zmq.Context, rank: int, servers: dict[str, str]):
+    def __init__(self, ctx: zmq.Context, rank: int, servers: dict[str, str], auth=None):
         self.ctx = ctx
+        self.auth = auth  # the job's credentials, as on the engine's own sockets
         self.rank = rank
         self.servers = servers  # van socket name ("s0") -> tcp address
         self._local = threading.local()
@@ -56,6 +58,8 @@ class DirectPath:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RCVTIMEO, int(LIVENESS_S * 1000))
             s.setsockopt(zmq.IDENTITY, f"w{self.rank}.d{self._local.tid}".encode())
+            if self.auth is not None:
+                self.auth.connect(s, tcp_host(self.servers[sock]))
             s.connect(self.servers[sock])
             with self._lock:
                 if self.closed:

@@ -25,6 +25,7 @@ from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json, f32_bits,
 )
 from pushpull.transport.memory import keep_freed_buffers
+from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 from pushpull.worker.credit_queue import CreditQueue
 from pushpull.worker.direct import DirectPath
@@ -122,7 +123,7 @@ class Engine:
         # averaging multiplies by 1/n, as Horovod's postscale factor: exact for powers of two,
         # within one rounding of x / n otherwise
         self.inv_size = 1.0 / ident.size
-        self.van = Van(f"worker{ident.rank}", batch_bytes=cfg.batch_bytes)
+        self.van = Van(f"worker{ident.rank}", batch_bytes=cfg.batch_bytes, auth=auth_for(cfg, "worker"))
         self.member = Member(self.van, cfg, {"role": "worker", "rank": ident.rank, "size": ident.size,
                                              "local_rank": ident.local_rank, "local_size": ident.local_size},
                              on_message=self._scheduler_message)
@@ -165,7 +166,8 @@ class Engine:
             self._use_default_credit()
         if self.cfg.direct_bytes > 0:
             self.direct = DirectPath(self.van.ctx, self.rank,
-                                     {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]})
+                                     {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]},
+                                     auth=self.van.auth)
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     f"w{self.rank}".encode(), self._server_message)

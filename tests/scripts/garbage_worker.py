@@ -14,6 +14,9 @@ book = bps.engine().member.book
 srv = book["servers"][0]
 ctx = zmq.Context()
 s = ctx.socket(zmq.DEALER)
+auth = bps.engine().van.auth  # a member's garbage: with the job's credentials
+if auth is not None:
+    auth.connect(s, srv["host"])
 s.connect(f"tcp://{srv['host']}:{srv['port']}")
 
 

@@ -1,0 +1,88 @@
+"""Security by default (docs/security.md), with real processes on loopback: a peer without the job
+secret gets no reply and changes no sum, nodes listen only where they advertise, a node without a
+secret stops at once saying how to set one."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pushpull.config import load_config
+from pushpull.transport.security import JobAuth, auth_for
+
+ROOT = Path(__file__).resolve().parents[1]
+STRANGER = str(ROOT / "tests" / "scripts" / "stranger_worker.py")
+
+
+def _run_stranger_job(auth: str) -> str:
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1",
+            "--env", f"PUSHPULL_AUTH={auth}", "--", sys.executable, STRANGER]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert out.count("ALL-OK") == 2, out[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def auto_job() -> str:
+    return _run_stranger_job("auto")
+
+
+@pytest.mark.parametrize("what", ["REGISTER to the scheduler", "INIT to the server", "PUSH of a real key as rank 1"])
+@pytest.mark.parametrize("creds", ["none", "another job's secret"])
+def test_stranger_gets_no_reply(auto_job, creds, what):
+    assert f"no reply to a stranger ({creds}): {what}" in auto_job
+
+
+def test_sums_stay_exact_after_strangers_pushed(auto_job):
+    assert "FAIL" not in auto_job  # the script checks three exact rounds after the strangers' pushes
+
+
+@pytest.mark.parametrize("role", ["scheduler", "server"])
+def test_nodes_listen_only_on_the_advertised_address(auto_job, role):
+    assert f"LISTEN {role} on 127.0.0.1" in auto_job, auto_job[-2000:]
+    assert [ln for ln in auto_job.splitlines() if f"LISTEN {role}" in ln and "127.0.0.1" not in ln] == []
+
+
+def test_stranger_gets_no_reply_with_curve_everywhere():
+    out = _run_stranger_job("curve")
+    assert out.count("no reply to a stranger") == 6, out[-3000:]
+
+
+@pytest.mark.parametrize("role", ["scheduler", "server"])
+def test_role_without_secret_stops_at_once_saying_how_to_set_one(role):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PUSHPULL_"))}
+    env.update({"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1",
+                "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1"})
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "pushpull", "launch"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "PUSHPULL_SECRET" in res.stderr and "PUSHPULL_AUTH=none" in res.stderr, res.stderr
+    assert time.monotonic() - t0 < 20
+
+
+def test_auth_none_warns(caplog):
+    import pushpull.transport.security as sec
+
+    sec._warned = False
+    with caplog.at_level("WARNING"):
+        assert auth_for(load_config({"PUSHPULL_AUTH": "none"}), "server") is None
+    assert "PUSHPULL_AUTH=none" in caplog.text
+
+
+@pytest.mark.parametrize("mode,host,want", [("auto", "127.0.0.1", "plain"), ("auto", "10.1.2.3", "curve"),
+                                            ("curve", "127.0.0.1", "curve"), ("plain", "10.1.2.3", "plain")])
+def test_mechanism_per_address(mode, host, want):
+    assert JobAuth("s", mode).mechanism(host) == want
+
+
+def test_credentials_depend_on_the_secret():
+    a, b = JobAuth("one"), JobAuth("two")
+    assert a.public_key != b.public_key and a.password != b.password
+    assert JobAuth("one").public_key == a.public_key
