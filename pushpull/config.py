@@ -171,8 +171,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),
       "balanced | djb2 | sdbm | naive | built_in",
       "How partitions are mapped to servers: 'balanced' assigns by bytes (least loaded first); the others hash the key as BytePS does."),
-    S("strategy", [], "wfbp", _choice("bsp", "wfbp", "fusion", "mgwfbp", "bytescheduler"),
-      "bsp | wfbp | fusion | mgwfbp | bytescheduler", "Communication strategy used by DistributedOptimizer."),
+    S("strategy", [], "wfbp", _choice("bsp", "wfbp", "fusion", "mgwfbp", "bytescheduler", "auto"),
+      "bsp | wfbp | fusion | mgwfbp | bytescheduler | auto",
+      "Communication strategy used by DistributedOptimizer. auto: measure the links and the model in the first "
+      "steps, let the simulator pick backend, strategy, partition and credit, keep the pick only if the next "
+      "steps confirm it, else the runner-up (docs/scheduling.md)."),
     S("backend", [], "ps", _choice("ps", "allreduce"), "ps | allreduce",
       "Reduce gradients through the parameter servers or through torch.distributed all-reduce."),
     S("fusion_threshold_bytes", [], 64 * 1024 * 1024, _int_min(1), "integer >= 1",
@@ -213,6 +216,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("secret", [], None, lambda s: s or None, "any string (keep it private)",
       "The job secret, the same on every machine. `pushpull launch --workers N` makes a fresh one for its "
       "job; multi-machine jobs set it (or secret_file) themselves. Never printed."),
+    S("allow_pickle", [], False, _bool, "0 | 1",
+      "broadcast_object may unpickle what the root sent (runs code chosen by whoever sent it); off, objects "
+      "load as JSON or with torch.load(weights_only=True): tensors, containers, numbers, strings."),
     S("secret_file", [], None, lambda s: s or None, "file path",
       "A file holding the job secret (its first line), instead of secret."),
     # --- liveness

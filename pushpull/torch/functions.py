@@ -210,12 +210,25 @@ def _same_types(a, b) -> bool:
     return True
 
 
-def _decode(data: bytes, trusted: bool):
+def _decode(data: bytes, allow_pickle: bool, what: str = "broadcast_object"):
+    """The receiver's policy picks the decoder, never the payload: JSON, or torch.load with
+    ``weights_only`` (tensors, containers, numbers: no code runs) unless the receiver opted into pickle."""
     if data[:1] == b"J":
-        return json.loads(data[1:].decode())
+        try:
+            return json.loads(data[1:].decode())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise BroadcastError(f"{what}: the root's JSON does not parse: {e}") from None
     if data[:1] == b"T":
-        return torch.load(io.BytesIO(data[1:]), map_location="cpu", weights_only=not trusted)
-    raise BroadcastError("broadcast_object received bytes in an unknown format")
+        try:
+            return torch.load(io.BytesIO(data[1:]), map_location="cpu", weights_only=not allow_pickle)
+        except Exception as e:
+            if allow_pickle:
+                raise BroadcastError(f"{what}: the root's object does not load: {e}") from None
+            raise BroadcastError(f"{what}: the root sent an object that needs pickle to rebuild (only tensors, "
+                                 f"containers and numbers load safely); pass allow_pickle=True or set "
+                                 f"PUSHPULL_ALLOW_PICKLE=1 on every rank if you trust every process that can join "
+                                 f"the job ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    raise BroadcastError(f"{what} received bytes in an unknown format")
 
 
 def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
@@ -231,13 +244,14 @@ def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
     return data if is_root else bytes(buf[:n].numpy())
 
 
-def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None):
     """Return ``root_rank``'s ``obj`` on every rank.
 
-    JSON-able objects (that round-trip exactly) travel as JSON. Anything else
-    is serialised with ``torch.save``, which is pickle-based, and unpickled
-    on the other ranks: only broadcast objects from code you trust (Horovod
-    does the same with cloudpickle). The object travels as a uint8 tensor.
+    JSON-able objects (that round-trip exactly) travel as JSON; anything else as ``torch.save`` bytes,
+    which the other ranks load with ``weights_only=True``: tensors, dicts, lists, numbers and strings
+    arrive, and no code from the wire runs. Objects that need pickle to rebuild (your own classes) need
+    ``allow_pickle=True`` (or ``PUSHPULL_ALLOW_PICKLE=1``) on the receiving ranks; Horovod always
+    unpickles (cloudpickle), docs/api.md says why we differ. The object travels as a uint8 tensor.
     """
     ops._need_init()
     _check_root(root_rank)
@@ -246,7 +260,11 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
     name = name or "broadcast_object"
     data = _encode(obj, allow_pickle=True) if ops.rank() == root_rank else None
     out = _broadcast_bytes(data, root_rank, "pushpull.obj." + name)
-    return obj if ops.rank() == root_rank else _decode(out, trusted=True)
+    if ops.rank() == root_rank:
+        return obj
+    if allow_pickle is None:
+        allow_pickle = bool(ops.config().allow_pickle)
+    return _decode(out, allow_pickle, f"broadcast_object {name!r}")
 
 
 # ------------------------------------------------------------------ optimizer --
@@ -298,7 +316,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     data = _broadcast_bytes(_encode(layout, allow_pickle=True) if is_root else None, root_rank, prefix + "layout")
     if not is_root:
         try:  # plain data only: hyperparameters, shapes, numbers (no arbitrary unpickling)
-            layout = _decode(data, trusted=False)
+            layout = _decode(data, allow_pickle=False, what="broadcast_optimizer_state")
         except Exception as e:  # noqa: BLE001
             raise BroadcastError(f"rank {ops.rank()}: cannot read the optimizer layout sent by root rank "
                                  f"{root_rank} (non-tensor state entries must be plain numbers, strings, "

@@ -33,6 +33,16 @@ class Custom:
         return isinstance(other, Custom) and other.v == self.v
 
 
+class Exploit:
+    """What an attacker would broadcast: unpickling it runs a shell command (touches a file)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
 def fail(msg: str) -> None:
     print(f"FAIL rank {bps.rank()}: {msg}", flush=True)
     # leave at once: a clean exit would wait for the other workers to finish, and they wait for us
@@ -171,7 +181,9 @@ def case_broadcast() -> None:
         objs = [{"epoch": 3, "lr": 0.1, "tags": ["a", "b"], "root": r}, (1, {2: "x"}, [3.5]), Custom(r),
                 torch.arange(5) * r, bytes(range(256)) * 400 + bytes([r]), None, float("nan")]
         for i, obj in enumerate(objs):
-            got = bps.broadcast_object(obj if r == root else "not me", root_rank=root)
+            pickled = isinstance(obj, Custom)  # only pickle rebuilds it: the receivers must opt in
+            got = bps.broadcast_object(obj if r == root else "not me", root_rank=root,
+                                       allow_pickle=True if pickled else None)
             if r == root:
                 if got is not obj:
                     fail(f"broadcast_object on the root must return the object itself (object {i})")
@@ -186,6 +198,23 @@ def case_broadcast() -> None:
                 ok = type(got) is type(want) and got == want
             if not ok:
                 fail(f"broadcast_object from {root}: object {i} arrived as {got!r:.80}")
+        # by default no code from the wire: a custom class is refused, saying how to opt in, and a payload
+        # whose unpickling would run a command runs nothing
+        if r == root:
+            bps.broadcast_object(Custom(r), root_rank=root, name=f"nopickle{root}")
+        else:
+            expect_raises(bps.BroadcastError, "allow_pickle",
+                          lambda: bps.broadcast_object(None, root_rank=root, name=f"nopickle{root}"),
+                          "a pickle-only object without allow_pickle")
+        marker = f"/tmp/pushpull-exploit-{os.getppid()}-{root}"  # the launcher is every worker's parent
+        if r == root:
+            bps.broadcast_object(Exploit(marker), root_rank=root, name=f"exploit{root}")
+        else:
+            expect_raises(bps.BroadcastError, "allow_pickle",
+                          lambda: bps.broadcast_object(None, root_rank=root, name=f"exploit{root}"),
+                          "a pickle payload that runs a command")
+            if os.path.exists(marker):
+                fail("a broadcast pickle payload ran a command on a receiving rank")
     expect_raises(ValueError, "root_rank", lambda: bps.broadcast_parameters({}, root_rank=n), "bad root")
     if distributed():
         # a rank with a different parameter set: every rank raises, nobody hangs
