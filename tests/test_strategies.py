@@ -125,7 +125,7 @@ def test_every_strategy_writes_back_what_the_backend_returns(single_process, nam
 def test_unknown_strategy_names_the_choices(single_process):
     from pushpull.torch.strategies import make_strategy, names
 
-    assert names() == sorted(STRATEGIES)
+    assert names() == sorted(STRATEGIES + ["auto"])
     with pytest.raises(ValueError, match="bytescheduler"):
         make_strategy("nope")
 

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from pushpull.profiles import Profile
-from pushpull.sim.config import ClusterConfig, format_bytes
+from pushpull.sim.config import ClusterConfig, SimOptions, format_bytes
 from pushpull.sim.engine import SimResult, _scaled, simulate
 from pushpull.sim.strategies import BSP, MGWFBP, WFBP, ByteScheduler, Fusion, Strategy
 
@@ -34,18 +34,19 @@ def comm_time(profile: Profile, cluster: ClusterConfig) -> float:
 def grid(cluster: ClusterConfig, partitions_mb=PARTITIONS_MB, credit_partitions=CREDIT_PARTITIONS) -> list[ByteScheduler]:
     out = []
     for p in partitions_mb:
-        pb = int(p * MB)
+        pb = int(round(p * MB))
         for c in credit_partitions:
             out.append(ByteScheduler(partition_bytes=pb, credit_bytes=math.inf if math.isinf(c) else c * pb))
     return out
 
 
-def best_bytescheduler(profile: Profile, cluster: ClusterConfig, **grid_kw) -> tuple[SimResult, ByteScheduler]:
+def best_bytescheduler(profile: Profile, cluster: ClusterConfig, options: SimOptions | None = None,
+                       **grid_kw) -> tuple[SimResult, ByteScheduler]:
     """The best ByteScheduler setting of the grid (ties: the larger partition,
     then the smaller credit: fewer messages, less queueing)."""
     best = None
     for s in grid(cluster, **grid_kw):
-        r = simulate(profile, cluster, s, trace=False)
+        r = _sim(profile, cluster, s, options)
         key = (round(r.iteration_s, 12), -s.partition_bytes, s.credit_bytes)
         if best is None or key < best[0]:
             best = (key, r, s)
@@ -75,12 +76,23 @@ class Plan:
         return self.comm_s / self.compute_s if self.compute_s > 0 else math.inf
 
 
-def plan(profile: Profile, cluster: ClusterConfig, **grid_kw) -> Plan:
-    """Recommend a strategy (and partition size and credit) for ``cluster``."""
+def _sim(profile: Profile, cluster: ClusterConfig, s: Strategy, options: SimOptions | None) -> SimResult:
+    if options is None:
+        return simulate(profile, cluster, s, trace=False)
+    return simulate(profile, cluster, s, options=options)
+
+
+def plan(profile: Profile, cluster: ClusterConfig, options: SimOptions | None = None,
+         fusion: Fusion | None = None, **grid_kw) -> Plan:
+    """Recommend a strategy (and partition size and credit) for ``cluster``.
+
+    ``options`` (e.g. ``layerwise_update=False``) and ``fusion`` (the job's own
+    threshold and cycle) let a running job plan for what it really runs
+    (:mod:`pushpull.torch.strategies.auto`)."""
     results: list[tuple[Strategy, SimResult]] = []
-    for s in (BSP(), WFBP(), Fusion(), MGWFBP()):
-        results.append((s, simulate(profile, cluster, s, trace=False)))
-    bs_res, bs = best_bytescheduler(profile, cluster, **grid_kw)
+    for s in (BSP(), WFBP(), fusion or Fusion(), MGWFBP()):
+        results.append((s, _sim(profile, cluster, s, options)))
+    bs_res, bs = best_bytescheduler(profile, cluster, options, **grid_kw)
     results.append((bs, bs_res))
     wfbp = results[1][1]
     # prefer simpler strategies on a tie (within 0.5 %)

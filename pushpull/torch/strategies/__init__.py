@@ -14,6 +14,7 @@ _REGISTRY = {
     "fusion": "pushpull.torch.strategies.fusion:Fusion",
     "mgwfbp": "pushpull.torch.strategies.mgwfbp:MGWFBP",
     "bytescheduler": "pushpull.torch.strategies.bytescheduler:ByteScheduler",
+    "auto": "pushpull.torch.strategies.auto:Auto",
 }
 
 

@@ -102,6 +102,17 @@ class PlannedStrategy(Strategy):
             self._missing = [set(g) for g in self.plan]
 
     # ------------------------------------------------------------ planning --
+    def plan_now(self, times: dict[str, list[float]], sizes: dict[str, int]) -> None:
+        """Plan from ready times measured elsewhere (per gradient, one per step; the first step is
+        dropped) instead of measuring for ``warmup_steps`` steps: the ``auto`` strategy has already
+        measured them. A collective (rank 0's times are broadcast): every rank calls it between steps."""
+        self._times = {n: list(v) for n, v in times.items()}
+        self._sizes = dict(sizes)
+        self.step = max(self.step, self.warmup_steps)
+        self._agree_and_plan()
+        if self.plan is not None:
+            self._missing = [set(g) for g in self.plan]
+
     def _agree_and_plan(self) -> None:
         names = sorted(self._times)
         if not names:

@@ -1,0 +1,163 @@
+"""The ``auto`` strategy (PUSHPULL_STRATEGY=auto).
+
+Unit tests (one process, fake backends): the simulator's inputs built from
+measurements reproduce the probes, the runner-up differs in backend or
+strategy, a failed confirmation falls back to the runner-up (with an injected
+measurement) and a confirmed choice is kept, gradients are reduced correctly
+through every switch. Jobs under the real launcher (tests/scripts/auto_worker.py):
+every rank takes the same decision, and training with ``auto`` (through a
+backend switch and a planned strategy) ends with the same parameters as wfbp.
+No timing is asserted.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pushpull.torch.strategies import auto_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(ROOT / "tests" / "scripts" / "auto_worker.py")
+
+
+# --------------------------------------------------------------------------- pure parts
+def test_fitted_cluster_reproduces_the_probe():
+    cl = auto_plan.fit_cluster("ps", 4, 4, probe_bytes=4_000_000, t_probe=0.4, t_small=2e-3, t_stream=5e-4,
+                               ps_partition_bytes=65536)
+    assert cl.message_s == pytest.approx(5e-4) and cl.latency == pytest.approx(0.75e-3)
+    assert auto_plan._one_buffer_s(cl, 4_000_000) == pytest.approx(0.4, rel=1e-3)
+
+
+def test_measured_profile_keeps_ready_times_and_sizes():
+    prof = auto_plan.measured_profile(["c", "b", "a"], [0.0, 0.01, 0.03], [400, 800, 1200], forward_s=0.015)
+    assert [l.name for l in prof.layers] == ["a", "b", "c"]          # forward order: last ready first
+    assert [l.bwd_s for l in prof.layers] == pytest.approx([0.02, 0.01, 0.0])
+    assert prof.fwd_s == pytest.approx(0.015) and prof.nbytes == 2400
+
+
+def test_runner_up_differs_in_backend_or_strategy():
+    cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
+             {"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.01},
+             {"backend": "allreduce", "strategy": "fusion", "predicted_s": 1.2}]
+    best, runner = auto_plan.choose(cands)
+    assert best is cands[0] and runner is cands[2]
+    assert auto_plan.allowed(cands, ["allreduce:*"]) == [cands[2]]
+
+
+# --------------------------------------------------------------------------- fake backends
+@pytest.fixture(scope="module")
+def single_process():
+    import pushpull.torch as bps
+
+    bps.init()  # no cluster in the environment: size 1, nothing started
+    yield bps
+
+
+def scripted(confirm_s: float, runner_s: float, **kw):
+    """An Auto over two doubling fake backends whose probes and phase times are injected."""
+    from pushpull.torch.strategies.auto import Auto
+    from pushpull.torch.strategies.comm import Comm
+
+    class Doubling(Comm):
+        def __init__(self, backend):
+            self.backend = backend
+            self.sent: list[str] = []
+
+        def submit(self, tensor, name, priority, average=True):
+            self.sent.append(name)
+            if average:
+                tensor.mul_(2)
+            return name
+
+        def wait(self, token):
+            pass
+
+        def poll(self, token):
+            return True
+
+    class Scripted(Auto):
+        def probe(self, backend, nbytes):  # PS 4x faster than the ring: PS wins
+            return {"probe_bytes": nbytes, "t_probe": 0.05 if backend == "ps" else 0.2, "t_small": 1e-3,
+                    "t_stream": 2e-4}
+
+        def shape(self):
+            return 4, 4, False
+
+        def phase_time(self, phase, times):
+            return {"measure": 1.0, "confirm": confirm_s, "runner_up": runner_s}[phase]
+
+    comms = {"ps": Doubling("ps"), "allreduce": Doubling("allreduce")}
+    return Scripted(comms=comms, **kw), comms
+
+
+def run_steps(st, steps: int) -> None:
+    for step in range(steps):
+        grads = [torch.full((1000 * (i + 1),), float(i + step)) for i in range(5)]
+        for i in reversed(range(5)):
+            st.on_ready(f"g{i}", grads[i], -i)
+        st.on_backward_done()
+        st.wait_all()
+        for i, g in enumerate(grads):
+            assert torch.equal(g, torch.full_like(g, 2.0 * (i + step))), (step, i)
+
+
+def test_failed_confirmation_falls_back_to_the_runner_up(single_process):
+    st, comms = scripted(confirm_s=50.0, runner_s=0.5, candidates=["ps:wfbp", "allreduce:fusion"])
+    run_steps(st, 3 + 3 + 3 + 2)   # measure, confirm (fails), runner-up (faster), final
+    d = st.decision
+    assert (d["choice"]["backend"], d["choice"]["strategy"]) == ("ps", "wfbp")
+    assert (d["runner_up"]["backend"], d["runner_up"]["strategy"]) == ("allreduce", "fusion")
+    assert d["kept"] == "runner_up" and d["measured"] == {"choice": 50.0, "runner_up": 0.5}
+    assert st.phase == "final" and st.current.name == "fusion" and st.current.comm is comms["allreduce"]
+    assert any("fusion[" in n for n in comms["allreduce"].sent)   # the plan from auto's measurements fused
+
+
+def test_confirmed_choice_is_kept(single_process):
+    st, comms = scripted(confirm_s=0.5, runner_s=0.1, candidates=["ps:wfbp", "allreduce:fusion"])
+    run_steps(st, 3 + 3 + 2)
+    d = st.decision
+    assert d["kept"] == "choice" and "runner_up" not in d["measured"]
+    assert st.current.comm is comms["ps"] and not any("fusion" in n for n in comms["allreduce"].sent)
+
+
+def test_unknown_candidates_are_refused(single_process):
+    with pytest.raises(ValueError, match="match no backend"):
+        scripted(1.0, 1.0, candidates=["ps:nope"])
+
+
+# --------------------------------------------------------------------------- real clusters
+def launch(workers: int, servers: int, case: str, env: dict, timeout: float = 240) -> list[dict]:
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", str(servers)]
+    for k, v in {"PUSHPULL_TIMEOUT": "60", **env}.items():
+        argv += ["--env", f"{k}={v}"]
+    argv += ["--", sys.executable, WORKER, case]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-5000:]
+    assert out.count("ALL-OK") == workers, out[-5000:]
+    decisions = [json.loads(m) for m in re.findall(r"DECISION (\{.*\})", out)]
+    assert len(decisions) == workers, out[-3000:]
+    return decisions
+
+
+def test_auto_job_decides_the_same_on_every_rank_over_ps():
+    ds = launch(3, 2, "train", {"PUSHPULL_BACKEND": "ps"})
+    assert all(d == ds[0] for d in ds), ds
+    assert ds[0]["final"] is not None
+
+
+def test_auto_job_trains_like_wfbp_through_a_backend_switch():
+    # starts over all-reduce, may only pick PS: every rank switches backend and plans fusion from auto's times
+    ds = launch(2, 1, "switch", {"PUSHPULL_BACKEND": "allreduce"})
+    assert all(d == ds[0] for d in ds) and ds[0]["final"]["backend"] == "ps"
+
+
+def test_auto_job_with_layerwise_updates_trains_like_wfbp():
+    ds = launch(2, 2, "layerwise", {"PUSHPULL_BACKEND": "ps"})
+    assert all(d == ds[0] for d in ds)
