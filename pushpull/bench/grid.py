@@ -17,6 +17,10 @@ Keys (defaults in brackets):
   (per-layer sleeps, :mod:`pushpull.bench.emulated_model`), gradients have the
   profile's tensor sizes scaled down to ``grad_mb`` [8] MB in all.
 * ``strategies``: ``bsp``, ``wfbp``, ``fusion``, ``mgwfbp``, ``bytescheduler``,
+  ``auto`` (:mod:`pushpull.torch.strategies.auto`: picks backend and strategy itself, starting over the
+  job's backend; it gets ``AUTO_WARMUP`` [10] untimed warm-up steps, or its variant's ``warmup``, so that
+  its measuring, choice, confirmation and fallback all happen before the timed steps; a variant's
+  ``options`` go to it, e.g. ``{"candidates": ["ps:*"]}``; rows carry its ``auto_decision``),
   ``NAME+lw`` (layer-wise updates), or a name defined in ``variants``:
   ``{"schedule_only": {"base": "bytescheduler", "partition_bytes": "whole", "credit_bytes": 4e6},
   "fp16": {"base": "wfbp", "compression": "fp16", "backends": ["ps"]}}``.
@@ -30,7 +34,7 @@ Keys (defaults in brackets):
   size relative to the tensors. A variant's ``backends`` restricts where it runs
   (compression only exists over PS).
 * ``backends`` [["ps"]]: ``ps`` and/or ``allreduce`` (gloo).
-* ``workers`` [[4]]; ``servers`` ["workers" = k = n, or a number];
+* ``workers`` [[4]]; ``servers`` ["workers" = k = n, or a number, or a list of them];
   ``placements`` [["colocated"]].
 * ``bandwidths`` [["200mbit"]]: link rate per host and direction; ``delay``
   [none]: one-way latency (``"1ms"``); ``congestion`` ["cubic"]: every
@@ -77,7 +81,8 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler", "ddp")
+BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler", "ddp", "auto")
+AUTO_WARMUP = 10  # auto: 3 measuring + 3 confirming + 3 on a fallback + 1 with the final pick (defaults)
 BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
@@ -130,6 +135,9 @@ def strategy_spec(name: str, cfg: dict) -> dict:
     if spec["base"] == "ddp":  # PyTorch's own DistributedDataParallel over the same gloo process group
         spec["backends"] = ["allreduce"]
         spec["bucket_mb"] = float(var.get("bucket_mb", 25)) if var else 25.0
+    if spec["base"] == "auto":  # its exploration must end before the timed steps
+        spec["warmup"] = int(var.get("warmup", AUTO_WARMUP)) if var else AUTO_WARMUP
+        spec["options"] = dict(var.get("options") or {}) if var else {}
     return spec
 
 
@@ -156,17 +164,17 @@ def expand(cfg: dict) -> list[dict]:
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
-    for model, backend, n, placement, bw, ratio, rep in itertools.product(
+    for model, backend, n, srv, placement, bw, ratio, rep in itertools.product(
             _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), ["ps"]),
-            _list(cfg.get("workers"), [4]), _list(cfg.get("placements"), ["colocated"]),
+            _list(cfg.get("workers"), [4]), _list(cfg.get("servers"), ["workers"]),
+            _list(cfg.get("placements"), ["colocated"]),
             _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
             range(int(cfg.get("repeats", 1)))):
-        if any(all(str(dict(model=model, backend=backend, workers=n, placement=placement, bandwidth=bw,
-                                ratio=ratio).get(k)) == str(v) for k, v in ex.items())
+        k = n if srv == "workers" else int(srv)
+        if any(all(str(dict(model=model, backend=backend, workers=n, servers=k, placement=placement, bandwidth=bw,
+                                ratio=ratio).get(key)) == str(v) for key, v in ex.items())
                for ex in cfg.get("exclude", [])):
             continue
-        srv = cfg.get("servers", "workers")
-        k = n if srv == "workers" else int(srv)
         runs = [s for s in specs if s["backends"] is None or backend in s["backends"]]
         if not runs:
             continue
@@ -447,7 +455,7 @@ def child_main(spec: dict, out: str) -> int:
             runs[r["name"]] = (ddp, torch.optim.SGD(model.parameters(), lr=0.0), None, False)
             continue
         named = [(f"{r['name']}.{n}", p) for n, p in model.named_parameters()]
-        opts = {}
+        opts = dict(r.get("options") or {})
         if r["base"] == "bytescheduler":
             opts = {"partition_bytes": r["partition_bytes"], "credit": r["credit_bytes"]}
         strategy = make_strategy(r["base"], **opts)
@@ -459,10 +467,11 @@ def child_main(spec: dict, out: str) -> int:
             opt = bps.DistributedOptimizer(sgd, named_parameters=named, strategy=strategy, model=model, **kw)
         runs[r["name"]] = (model, opt, strategy, r["layerwise"])
     times: dict[str, list[list[float]]] = {n: [] for n in runs}
+    runs_spec = {r["name"]: r for r in spec["runs"]}
     for rnd in range(spec["tries"]):
         for name, (model, opt, _, lw) in runs.items():
             bps.barrier()
-            warm = spec["warmup"] if rnd == 0 else 1
+            warm = max(spec["warmup"], runs_spec[name].get("warmup") or 0) if rnd == 0 else 1
             block = []
             for step in range(warm + spec["steps"]):
                 t0 = time.perf_counter()
@@ -483,15 +492,15 @@ def child_main(spec: dict, out: str) -> int:
             plans[name] = st.describe_plan()
         except Exception:  # noqa: BLE001 - only fusion/mgwfbp describe a plan
             pass
+    decisions = {name: st.decision for name, (_, _, st, _) in runs.items() if hasattr(st, "decision")}
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
                        "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe,
-                       "scheduling": scheduling}, f)
-    if bps.config().backend == "allreduce":
-        from pushpull.torch import allreduce
+                       "scheduling": scheduling, "decisions": decisions}, f)
+    from pushpull.torch import allreduce
 
-        allreduce.shutdown()
+    allreduce.shutdown()  # also where auto joined the all-reduce group from a PS job
     bps.shutdown()
     return 0
 
@@ -518,7 +527,7 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
             "throughput": job["workers"] * job["batch_size"] / step,
             "try_throughput": [job["workers"] * job["batch_size"] / t for t in tries],
             "steps": len(flat), "plan": res.get("plans", {}).get(r["name"]), "job_wall_s": wall,
-            "opt_probe": res.get("opt_probe"),
+            "opt_probe": res.get("opt_probe"), "auto_decision": (res.get("decisions") or {}).get(r["name"]),
             # what the engine ran with (credit 0 = unlimited): defaults unless the variant set them
             "engine_partition_bytes": (res.get("scheduling") or {}).get(r["name"], [None, None])[0],
             "engine_credit_bytes": (res.get("scheduling") or {}).get(r["name"], [None, None])[1],

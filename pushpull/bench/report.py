@@ -9,7 +9,8 @@ Writes into ``--out-dir`` (default: the results file's folder):
   time, throughput mean +- std over the tries (samples/s, all workers) and
   speedup over ``wfbp`` of the same group (over the group's
   first strategy where it has no ``wfbp``, e.g. ``wfbp+lw``); where both backends ran the same
-  cell, PS's speedup over all-reduce.
+  cell, PS's speedup over all-reduce; where ``auto`` ran, its step against the cell's best fixed
+  choice over both backends.
 * ``<name>_speedup.png``: speedup over wfbp per group (bars);
   ``<name>_bandwidth.png`` / ``<name>_ratio.png``: speedup against link
   bandwidth / computation-to-communication ratio, when the grid has more than
@@ -102,6 +103,39 @@ def bounds(a: dict) -> dict:
     return {"ps_bound_s": ps, "ring_bound_s": ring}
 
 
+FIXED = ("bsp", "wfbp", "fusion", "mgwfbp", "bytescheduler")
+
+
+def auto_comparison(agg: list[dict], rows: list[dict]) -> list[dict]:
+    """Each ``auto`` cell against the best fixed choice of the same model, workers, servers, placement,
+    bandwidth and ratio over *both* backends (auto picks the backend too): plain strategies without
+    layer-wise updates or compression, the choices auto has."""
+    fixed = {r["strategy"] for r in rows if r.get("base_strategy") in FIXED and not r.get("layerwise")
+             and not r.get("compression")}
+    drop = ("backend",)
+    out = []
+    for a in agg:
+        if not any(r["strategy"] == a["strategy"] and r.get("base_strategy") == "auto" for r in rows):
+            continue
+        peers = [b for b in agg if b["strategy"] in fixed and _gkey(b, drop) == _gkey(a, drop)]
+        if not peers:
+            continue
+        best = min(peers, key=lambda b: b["step_s"])
+        picks = sorted({_pick(r.get("auto_decision")) for r in rows
+                        if r["strategy"] == a["strategy"] and _gkey(r) == _gkey(a)})
+        out.append({**a, "picks": picks, "best": f"{best['backend']}:{best['strategy']}",
+                    "best_step_s": best["step_s"], "over_best": a["step_s"] / best["step_s"]})
+    return out
+
+
+def _pick(d: dict | None) -> str:
+    c = (d or {}).get("final")
+    if not c:
+        return "?"
+    return f"{c['backend']}:{c['strategy']}" + (f" ({c['partition_bytes']} B)" if c["strategy"] == "bytescheduler"
+                                                else "")
+
+
 def _fmt_bw(b):
     return str(b)
 
@@ -148,6 +182,17 @@ def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
             if has_ddp:
                 line += f" {ms(c['ddp_step_s'])} | {ratio(c['ddp_step_s'], c['step_s'])} |"
             lines.append(line)
+    autos = auto_comparison(agg, rows)
+    if autos:
+        lines += ["", "`auto` against the best fixed choice of the cell (any backend; plain strategies):", "",
+                  "| model | n | k | placement | bandwidth | ratio | auto started on | auto ms | auto's pick | "
+                  "best fixed | best fixed ms | auto / best | within 10 % |",
+                  "|---|---:|---:|---|---|---:|---|---:|---|---|---:|---:|---|"]
+        for c in autos:
+            lines.append(f"| {c['model']} | {c['workers']} | {c['servers']} | {c['placement']} | {c['bandwidth']} | "
+                         f"{c['ratio']:g} | {c['backend']} | {c['step_s'] * 1e3:.0f} | {', '.join(c['picks'])} | "
+                         f"{c['best']} | {c['best_step_s'] * 1e3:.0f} | {c['over_best']:.2f}x | "
+                         f"{'yes' if c['over_best'] <= 1.10 else 'no'} |")
     scal = {}
     for r in rows:
         scal.setdefault(r["model"], (r.get("size_scale"), r.get("grad_bytes"), r.get("tensors")))
