@@ -216,6 +216,13 @@ SETTINGS: tuple[Setting, ...] = (
     S("secret", [], None, lambda s: s or None, "any string (keep it private)",
       "The job secret, the same on every machine. `pushpull launch --workers N` makes a fresh one for its "
       "job; multi-machine jobs set it (or secret_file) themselves. Never printed."),
+    S("max_message_bytes", [], 64 << 20, _int_min(1 << 20), "integer >= 1048576",
+      "Largest message a server accepts (4 MiB for the scheduler); a peer that sends a larger one is "
+      "disconnected before it is buffered. Partitions must fit in half of it (compressed payloads of odd "
+      "ratios can outgrow their partition)."),
+    S("server_max_keys", [], 100_000, _int_min(1), "integer >= 1",
+      "Keys (partitions) one server holds, declared or being declared; an INIT beyond it is refused, so a "
+      "flood of declarations cannot grow a server without bound."),
     S("allow_pickle", [], False, _bool, "0 | 1",
       "broadcast_object may unpickle what the root sent (runs code chosen by whoever sent it); off, objects "
       "load as JSON or with torch.load(weights_only=True): tensors, containers, numbers, strings."),
@@ -319,9 +326,17 @@ def _check_consistency(cfg: Config) -> None:
         raise ConfigError(f"{cfg.sources['root_port']}={cfg.root_port} is invalid; accepts port 1..65535")
     if cfg.local_size is not None and cfg.local_size < 1:
         raise ConfigError(f"{cfg.sources['local_size']}={cfg.local_size} is invalid; accepts integer >= 1")
+    if cfg.partition_bytes > max_partition_bytes(cfg):
+        raise ConfigError(f"{cfg.sources['partition_bytes']}={cfg.partition_bytes} does not fit in half of "
+                          f"{cfg.sources['max_message_bytes']}={cfg.max_message_bytes}; raise the latter")
     if cfg.local_rank is not None and cfg.local_size is not None and cfg.local_rank >= cfg.local_size:
         raise ConfigError(f"{cfg.sources['local_rank']}={cfg.local_rank} must be < "
                           f"{cfg.sources['local_size']}={cfg.local_size}")
+
+
+def max_partition_bytes(cfg: Config) -> int:
+    """The largest partition a push may carry: half a message, less room for headers."""
+    return cfg.max_message_bytes // 2 - 65536
 
 
 def python_log_level(cfg: Config) -> int:

@@ -4,6 +4,7 @@ secret stops at once saying how to set one."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ STRANGER = str(ROOT / "tests" / "scripts" / "stranger_worker.py")
 
 def _run_stranger_job(auth: str) -> str:
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1",
-            "--env", f"PUSHPULL_AUTH={auth}", "--", sys.executable, STRANGER]
+            "--env", f"PUSHPULL_AUTH={auth}", "--env", "PUSHPULL_SERVER_MAX_KEYS=500", "--", sys.executable, STRANGER]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
@@ -86,3 +87,22 @@ def test_credentials_depend_on_the_secret():
     a, b = JobAuth("one"), JobAuth("two")
     assert a.public_key != b.public_key and a.password != b.password
     assert JobAuth("one").public_key == a.public_key
+
+
+def test_a_member_cannot_push_as_another_rank(auto_job):
+    assert "forged sender answered ERROR" in auto_job
+
+
+def test_a_key_flood_is_refused_beyond_the_limit(auto_job):
+    m = re.search(r"key flood: (\d+) of (\d+) INITs refused", auto_job)
+    assert m and int(m.group(1)) >= 2000, auto_job[-2000:]
+
+
+def test_an_oversized_frame_gets_no_answer_and_the_server_lives_on(auto_job):
+    assert "oversized frame answered: False" in auto_job  # and the rounds after it are exact (ALL-OK)
+
+
+def test_server_memory_stays_bounded_under_flood_and_oversized_frame(auto_job):
+    m = re.search(r"server RSS (\d+) kB -> (\d+) kB", auto_job)
+    assert m, auto_job[-2000:]
+    assert int(m.group(2)) - int(m.group(1)) < 32 * 1024  # a 64 MiB frame was never buffered

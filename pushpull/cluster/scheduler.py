@@ -23,6 +23,7 @@ from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
+SCHEDULER_MAX_MESSAGE = 4 << 20  # registrations, barriers, tensor declarations: JSON, small
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Scheduler:
         listen = bind_host(cfg, scheduler_host(cfg))
         try:
             self.port = self.van.bind_router("nodes", listen, cfg.root_port, self._handle,
-                                             advertised=scheduler_host(cfg))
+                                             advertised=scheduler_host(cfg), max_message_bytes=SCHEDULER_MAX_MESSAGE)
         except zmq.ZMQError as e:
             raise bind_error(listen, cfg.root_port, e) from None
         self.van.call_later(cfg.heartbeat_interval, self._check, every=cfg.heartbeat_interval)
@@ -111,6 +112,9 @@ class Scheduler:
     # ------------------------------------------------------------ registration --
     def _register(self, identity: bytes, info: dict) -> None:
         role = info.get("role")
+        if identity in self.by_identity:
+            self._error(identity, f"{self.by_identity[identity].who} is registered already")
+            return
         if self.ready:
             self._error(identity, "the job is already running; a late node cannot join")
             return

@@ -45,7 +45,8 @@ class Server:
         self.host = advertised_host(cfg)
         listen = bind_host(cfg, self.host)
         try:
-            self.port = self.van.bind_router(SOCK, listen, 0, self._handle, advertised=self.host)
+            self.port = self.van.bind_router(SOCK, listen, 0, self._handle, advertised=self.host,
+                                             max_message_bytes=cfg.max_message_bytes)
         except zmq.ZMQError as e:
             raise bind_error(listen, 0, e) from None
         self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},
@@ -95,7 +96,7 @@ class Server:
         self.van.send(SOCK, header, list(frames), identity=identity)
 
     def _error(self, identity: bytes, key: int, text: str, req_id: int = 0) -> None:
-        log.warning("error to a worker: %s", text)
+        self.van.peer_log.warning((identity, "error"), "error to %r: %s", identity, text)
         self._reply(identity, Header(MsgType.ERROR, key=key, req_id=req_id), [encode_json({"error": text})])
 
     # ------------------------------------------------------------ I/O thread --
@@ -121,6 +122,15 @@ class Server:
             self._early.append((identity, msg))
             return
         try:
+            if h.type in (MsgType.INIT, MsgType.PUSH, MsgType.PULL):
+                rank = nodes.rank_of_identity(identity)
+                if rank is None or rank != h.sender or not 0 <= rank < self.num_workers:
+                    # the rank is the connection's (a ROUTER admits one live connection per identity), not
+                    # what a header says: a member cannot push or pull as another rank
+                    self._error(identity, h.key, f"{h.type.name} from the connection of "
+                                                 f"{'rank ' + str(rank) if rank is not None else 'no worker'} "
+                                                 f"claims to be rank {h.sender}; refused", h.req_id)
+                    return
             if h.type == MsgType.INIT:
                 self._init(identity, msg)
             elif h.type in (MsgType.PUSH, MsgType.PULL):
@@ -154,6 +164,10 @@ class Server:
                 self._error(identity, h.key, f"tensor {decl['name']!r} re-declared by rank {rank} as "
                                              f"{decl['dtype']}[{decl['numel']}], it is {ks.dtype}[{ks.numel}]",
                             h.req_id)
+            return
+        if h.key not in self.pending_inits and len(self.keys) + len(self.pending_inits) >= self.cfg.server_max_keys:
+            self._error(identity, h.key, f"this server holds PUSHPULL_SERVER_MAX_KEYS={self.cfg.server_max_keys} "
+                                         f"keys already; INIT of key {h.key} refused", h.req_id)
             return
         pend = self.pending_inits.setdefault(h.key, {"since": time.monotonic(), "by": {}})
         pend["by"][rank] = (identity, h.req_id, decl)

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from pushpull.config import load_config
+from pushpull.config import load_config, max_partition_bytes
 
 log = logging.getLogger("pushpull.autotune")
 
@@ -53,8 +53,10 @@ class Space:
     credit: tuple[int, int]
 
     @classmethod
-    def for_model(cls, elements: int, itemsize: int = 4, backend: str = "ps", scale: float | None = None) -> "Space":
-        """FACTS §2 ranges, scaled to the model (see the module docstring)."""
+    def for_model(cls, elements: int, itemsize: int = 4, backend: str = "ps", scale: float | None = None,
+                  max_partition: int | None = None) -> "Space":
+        """FACTS §2 ranges, scaled to the model (see the module docstring); partitions no larger than
+        ``max_partition`` (over PS: what a server accepts in one message)."""
         if scale is None:
             scale = min(1.0, max(elements, 1) / (32 * M))
         credit_el = (1 * M, 16 * M) if backend == "ps" else (4 * M, 64 * M)
@@ -64,7 +66,10 @@ class Space:
             hi = max(2 * lo, int(hi_el * scale) * itemsize)
             return lo, hi
 
-        return cls(rng(2 * M, 32 * M), rng(*credit_el))
+        part = rng(2 * M, 32 * M)
+        if max_partition:
+            part = (min(part[0], max_partition // 2), min(part[1], max_partition))
+        return cls(part, rng(*credit_el))
 
     def clamp(self, partition: int, credit: int) -> tuple[int, int]:
         """``credit`` 0 (unlimited) becomes the largest credit."""
@@ -195,7 +200,8 @@ class AutoTuner:
             itemsize = params[0].element_size() if params else 4
         if space is None:
             space = Space.for_model(model_elements, itemsize, cfg.backend if cfg else "ps",
-                                    scale if scale is not None else (cfg.autotune_scale if cfg else None))
+                                    scale if scale is not None else (cfg.autotune_scale if cfg else None),
+                                    max_partition=max_partition_bytes(cfg) if cfg and cfg.backend == "ps" else None)
         self.space = space
         eng = ops.engine() if cfg is not None else None
         # what is in force now (a strategy may have set it), else the configuration

@@ -26,6 +26,7 @@ from typing import Callable
 import zmq
 import zmq.backend
 
+from pushpull.transport.ratelimit import RateLimitedLog
 from pushpull.transport.protocol import (
     BATCHED_OVERHEAD, Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch,
 )
@@ -63,6 +64,7 @@ class Van:
         (None: no authentication, PUSHPULL_AUTH=none)."""
         self.name = name
         self.auth = auth
+        self.peer_log = RateLimitedLog(log)  # what peers can make us log, one line per peer and kind
         self.batch_bytes = batch_bytes
         # (socket id, identity) -> [bytes held, [parts, ...]]; touched on the I/O thread only
         self._batches: dict[tuple, list] = {}
@@ -97,11 +99,15 @@ class Van:
         s.setsockopt(zmq.LINGER, 2000)
         s.setsockopt(zmq.TCP_KEEPALIVE, 1)
 
-    def bind_router(self, sid: str, host: str, port: int, handler: RouterHandler, advertised: str | None = None) -> int:
+    def bind_router(self, sid: str, host: str, port: int, handler: RouterHandler, advertised: str | None = None,
+                    max_message_bytes: int = 0) -> int:
         """Bind a ROUTER socket on ``host:port`` (port 0 = any free port), reached by peers at ``advertised``
-        (default ``host``); returns the port."""
+        (default ``host``); returns the port. A peer that sends a message larger than ``max_message_bytes``
+        (0 = no limit) is disconnected by libzmq before the message is buffered."""
         s = self.ctx.socket(zmq.ROUTER)
         self._tune(s)
+        if max_message_bytes:
+            s.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self.auth is not None:
             # the mechanism follows the address peers connect to, so both ends pick the same one
@@ -322,14 +328,16 @@ class Van:
             identity = None
             if router:
                 if len(frames) < 2:
-                    log.warning("%s: dropped a message with no identity on %s", self.name, sid)
+                    self.peer_log.warning((sid, "no identity"), "%s: dropped a message with no identity on %s",
+                                          self.name, sid)
                     continue
                 identity, frames = frames[0].bytes, frames[1:]
             try:
                 msg = decode(frames)
                 msgs = unpack_batch(msg) if msg.header.type is _BATCH else (msg,)
             except ProtocolError as e:
-                log.warning("%s: dropped malformed message on %s from %r: %s", self.name, sid, identity, e)
+                self.peer_log.warning((sid, identity, "malformed"), "%s: dropped malformed message on %s from %r: %s",
+                                      self.name, sid, identity, e)
                 continue
             for msg in msgs:
                 try:

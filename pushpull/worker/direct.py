@@ -21,6 +21,7 @@ import time
 import zmq
 import zmq.backend
 
+from pushpull.cluster.nodes import worker_identity
 from pushpull.transport.van import tcp_host
 from pushpull.transport.protocol import (
     Flags, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
@@ -57,7 +58,7 @@ class DirectPath:
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RCVTIMEO, int(LIVENESS_S * 1000))
-            s.setsockopt(zmq.IDENTITY, f"w{self.rank}.d{self._local.tid}".encode())
+            s.setsockopt(zmq.IDENTITY, worker_identity(self.rank, f"d{self._local.tid}"))
             if self.auth is not None:
                 self.auth.connect(s, tcp_host(self.servers[sock]))
             s.connect(self.servers[sock])

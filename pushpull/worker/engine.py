@@ -19,8 +19,9 @@ import torch
 import zmq
 
 from pushpull.cluster.assign import part_key
+from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
-from pushpull.config import Config, WorkerIdentity
+from pushpull.config import Config, WorkerIdentity, max_partition_bytes
 from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json, f32_bits,
 )
@@ -170,7 +171,7 @@ class Engine:
                                      auth=self.van.auth)
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
-                                    f"w{self.rank}".encode(), self._server_message)
+                                    worker_identity(self.rank), self._server_message)
         self.started = True
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)
 
@@ -223,6 +224,9 @@ class Engine:
         if partition_bytes is not None:
             if partition_bytes < 1:
                 raise ValueError(f"partition_bytes must be >= 1, got {partition_bytes}")
+            if partition_bytes > max_partition_bytes(self.cfg):
+                raise ValueError(f"partition_bytes {partition_bytes} does not fit in half of PUSHPULL_MAX_MESSAGE_BYTES="
+                                 f"{self.cfg.max_message_bytes} (the largest message a server accepts)")
             self.cfg = self.cfg.replace(partition_bytes=int(partition_bytes))
         if credit_bytes is not None:
             if credit_bytes < 0:

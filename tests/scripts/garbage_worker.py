@@ -7,6 +7,7 @@ import torch
 import zmq
 
 import pushpull.torch as bps
+from pushpull.cluster.nodes import worker_identity
 from pushpull.transport.protocol import Header, MsgType, decode, dtype_code, pack_batch, unpack_batch
 
 bps.init()
@@ -14,6 +15,7 @@ book = bps.engine().member.book
 srv = book["servers"][0]
 ctx = zmq.Context()
 s = ctx.socket(zmq.DEALER)
+s.setsockopt(zmq.IDENTITY, worker_identity(0, "g"))  # rank 0's own second connection: past the identity check
 auth = bps.engine().van.auth  # a member's garbage: with the job's credentials
 if auth is not None:
     auth.connect(s, srv["host"])
