@@ -83,3 +83,42 @@ def test_frozen_server_is_declared_dead_and_named():
     assert len(errors) == 2, rest[-3000:]
     assert all("server 0" in ln for ln in errors), errors
     assert took < 20, took
+
+
+def _job_pids(port: int) -> list[int]:
+    marker = f"DMLC_PS_ROOT_PORT={port}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if marker in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_job_dies_with_a_sigkilled_launcher():
+    """The launcher's children get SIGTERM when it dies (PR_SET_PDEATHSIG): no job runs on unsupervised."""
+    port = free_port()
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--port", str(port),
+            "--", sys.executable, str(ROOT / "tests" / "scripts" / "loop_worker.py")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while sum("READY" in ln for ln in lines) < 2:
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert len(_job_pids(port)) >= 4  # scheduler, server, two workers
+        proc.kill()
+        proc.wait(5)
+        deadline = time.monotonic() + 10
+        while _job_pids(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _job_pids(port) == [], "processes outlived their launcher"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _job_pids(port):
+            os.kill(pid, signal.SIGKILL)

@@ -3,6 +3,7 @@ real launcher, talking over real ZeroMQ sockets on localhost."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,15 @@ def test_shape_mismatch_raises_on_every_worker_quickly():
     assert out.count("MISMATCH-ERROR") == 3, out[-3000:]
     assert "'mismatched'" in out and "rank 0" in out
     assert time.monotonic() - t0 < 30
+
+
+def test_shutdown_after_a_caught_error_does_not_wait_for_the_others():
+    res = launch(3, 1, "caught", timeout=90)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    times = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"SHUTDOWN-AFTER-ERROR rank (\d+) ([\d.]+)s", out)}
+    assert sorted(times) == [0, 1, 2], out[-3000:]
+    assert times[0] < 4 and times[1] < 4, times  # rank 2 is still busy for 8 s: they did not wait for it
 
 
 def _pids_with_port(port: int) -> list[int]:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 GRACE_S = 3.0
+_LAUNCHER_PID = os.getpid()
 
 
 @dataclass
@@ -32,6 +33,20 @@ class Child:
     proc: subprocess.Popen
     is_worker: bool
     reader: threading.Thread | None = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, however it dies (SIGKILL included), so a
+    job never runs on unsupervised (Linux prctl PR_SET_PDEATHSIG; elsewhere a no-op)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        if os.getppid() != _LAUNCHER_PID:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -60,7 +75,7 @@ class Supervisor:
 
     def start(self, label: str, argv: list[str], env: dict, is_worker: bool) -> Child:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         child = Child(label, proc, is_worker)
         child.reader = threading.Thread(target=self._relay, args=(child,), daemon=True)
         child.reader.start()

@@ -34,6 +34,7 @@ from pushpull.worker.handle import Handle, PushPullError
 from pushpull.worker.window import AutoWindow
 
 log = logging.getLogger(__name__)
+FINISH_AFTER_ERROR_S = 2.0  # how long a worker that raised an error waits for the others at shutdown
 
 SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
              torch.uint8, torch.int8, torch.int16}
@@ -144,7 +145,7 @@ class Engine:
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
         self.num_servers = 0
         self.started = False
-        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0}
+        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0}
         self.direct: DirectPath | None = None  # blocking small calls on the caller's thread
         self.tracer = None  # set by the torch layer when tracing
         self._completed: list[tuple[Handle, str | None]] = []  # released at the end of the van's pass
@@ -176,8 +177,11 @@ class Engine:
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)
 
     def shutdown(self) -> None:
+        """Leave the job: tell the scheduler, and wait until every worker has (so servers outlive the last
+        pull). After an error was raised to the caller the others may be stuck waiting for this worker, so
+        it leaves after FINISH_AFTER_ERROR_S instead of waiting PUSHPULL_TIMEOUT for them."""
         if self.started and not self.member.failure:
-            self.member.finish()
+            self.member.finish(FINISH_AFTER_ERROR_S if self.stats["errors"] else None)
         self.stop()
 
     def stop(self) -> None:
@@ -310,6 +314,7 @@ class Engine:
         with self.table_lock:
             entry = self._entry(name, tuple(src.shape), src.dtype, compression)
             if entry.error:
+                self.stats["errors"] += 1
                 raise PushPullError(entry.error)
             if entry.busy:
                 raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
@@ -342,35 +347,44 @@ class Engine:
                 return None
             e.busy = True
         try:
-            src = tensor.detach().contiguous()
-            out = torch.empty_like(src) if output is None else output
-            p = e.parts[0]
-            e.round += 1
-            header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code,
-                            numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
-            try:
-                buf = direct.exchange(p.sock, header, _raw_bytes(src), self.cfg.timeout,
-                                      lambda: self.member.failure)
-            except TimeoutError as ex:
-                raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
-                                    f"(PUSHPULL_TIMEOUT): {ex}; a slow or missing worker keeps round {e.round} "
-                                    f"open") from None
-            except ConnectionError as ex:
-                raise PushPullError(f"push_pull of tensor {name!r}: {ex}") from None
-            except RuntimeError as ex:  # the server's ERROR: the tensor is unusable, as through the engine
-                with self.table_lock:
-                    e.state, e.error = "failed", str(ex)
-                raise PushPullError(str(ex)) from None
-            except zmq.ZMQError as ex:
-                raise PushPullError(f"push_pull of tensor {name!r}: the engine is shut down ({ex})") from None
-            error = self._write_sum(e, p, buf, _raw_bytes(out), average)
-            if error:
-                raise PushPullError(error)
-            self._average_rest(out, average)
-            self.stats["direct_calls"] += 1
-            return out
+            return self._push_pull_now(e, tensor, output, name, average)
+        except PushPullError:
+            self.stats["errors"] += 1
+            raise
         finally:
             e.busy = False
+
+    def _push_pull_now(self, e: Entry, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
+                       average: bool) -> torch.Tensor:
+        """The exchange itself, with ``e`` marked busy; every way of not getting the sum raises."""
+        direct = self.direct
+        src = tensor.detach().contiguous()
+        out = torch.empty_like(src) if output is None else output
+        p = e.parts[0]
+        e.round += 1
+        header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code,
+                        numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
+        try:
+            buf = direct.exchange(p.sock, header, _raw_bytes(src), self.cfg.timeout,
+                                  lambda: self.member.failure)
+        except TimeoutError as ex:
+            raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
+                                f"(PUSHPULL_TIMEOUT): {ex}; a slow or missing worker keeps round {e.round} "
+                                f"open") from None
+        except ConnectionError as ex:
+            raise PushPullError(f"push_pull of tensor {name!r}: {ex}") from None
+        except RuntimeError as ex:  # the server's ERROR: the tensor is unusable, as through the engine
+            with self.table_lock:
+                e.state, e.error = "failed", str(ex)
+            raise PushPullError(str(ex)) from None
+        except zmq.ZMQError as ex:
+            raise PushPullError(f"push_pull of tensor {name!r}: the engine is shut down ({ex})") from None
+        error = self._write_sum(e, p, buf, _raw_bytes(out), average)
+        if error:
+            raise PushPullError(error)
+        self._average_rest(out, average)
+        self.stats["direct_calls"] += 1
+        return out
 
     def _describe(self, op: Op) -> str:
         e = op.entry
@@ -656,6 +670,7 @@ class Engine:
             if error is None:
                 handle.complete()
             else:
+                self.stats["errors"] += 1
                 handle.fail(error)
 
     def _fail_all(self, reason: str) -> None:

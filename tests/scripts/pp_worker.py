@@ -180,6 +180,23 @@ def case_mismatch() -> None:
     fail("shape mismatch was not detected")
 
 
+def case_caught() -> None:
+    """Every rank catches a PushPullError; the last one then stays busy for 8 s. The others' shutdown
+    must not wait for it (they raised an error, so the job may never finish together)."""
+    r, n = bps.rank(), bps.size()
+    try:
+        bps.push_pull(torch.ones(10 if r == 0 else 12), name="caught.mismatch")
+    except bps.PushPullError:
+        pass
+    else:
+        fail("a shape mismatch was not reported")
+    if r == n - 1:
+        time.sleep(8)
+    t = time.monotonic()
+    bps.shutdown()
+    print(f"SHUTDOWN-AFTER-ERROR rank {r} {time.monotonic() - t:.2f}s", flush=True)
+
+
 def case_hang() -> None:
     """Rank 0 does one op then sleeps; it is killed by the test."""
     bps.push_pull(torch.ones(4), name="pre")
@@ -213,6 +230,7 @@ CASES = {
     "dtypes": case_dtypes, "partitions": case_partitions, "many": case_many, "rounds": case_rounds,
     "direct": case_direct,
     "overlap": case_overlap, "priority": case_priority, "mismatch": case_mismatch, "hang": case_hang,
+    "caught": case_caught,
 }
 
 
@@ -221,11 +239,12 @@ def main() -> None:
     p.add_argument("cases", nargs="+", choices=list(CASES) + ["all"])
     args = p.parse_args()
     bps.init()
-    cases = [c for c in CASES if c not in ("mismatch", "hang")] if "all" in args.cases else args.cases
+    cases = [c for c in CASES if c not in ("mismatch", "hang", "caught")] if "all" in args.cases else args.cases
+    rank, size = bps.rank(), bps.size()  # cases may shut down ("caught")
     for c in cases:
         t = time.monotonic()
         CASES[c]()
-        print(f"case {c} ok on rank {bps.rank()}/{bps.size()} in {time.monotonic() - t:.2f}s", flush=True)
+        print(f"case {c} ok on rank {rank}/{size} in {time.monotonic() - t:.2f}s", flush=True)
     bps.shutdown()
     print("ALL-OK", flush=True)
 
