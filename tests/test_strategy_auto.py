@@ -126,6 +126,13 @@ def test_confirmed_choice_is_kept(single_process):
     assert st.current.comm is comms["ps"] and not any("fusion" in n for n in comms["allreduce"].sent)
 
 
+def test_compression_keeps_auto_on_the_parameter_servers(single_process):
+    st, comms = scripted(confirm_s=0.5, runner_s=0.1, compression={"name": "fp16"})
+    assert st.backends == ("ps",)
+    run_steps(st, 3 + 3 + 2)
+    assert st.decision["final"]["backend"] == "ps" and not comms["allreduce"].sent
+
+
 def test_unknown_candidates_are_refused(single_process):
     with pytest.raises(ValueError, match="match no backend"):
         scripted(1.0, 1.0, candidates=["ps:nope"])

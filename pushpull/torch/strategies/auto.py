@@ -110,10 +110,9 @@ class Auto(Strategy):
         if compression and start != "ps":
             raise ValueError("auto: compression is only available over the parameter servers (PUSHPULL_BACKEND=ps)")
         self._comms: dict[str, Comm] = dict(comms or ({comm.backend: comm} if comm is not None else {}))
-        if comms or comm is not None:
-            self.backends = tuple(self._comms)
-        else:
-            self.backends = ("ps",) if compression else tuple(sorted(auto_plan.BACKENDS, key=lambda b: b != start))
+        have = tuple(self._comms) if (comms or comm is not None) else auto_plan.BACKENDS
+        # a sum of compressed gradients needs the servers' decompress-sum-recompress
+        self.backends = tuple(sorted((b for b in have if b == "ps" or not compression), key=lambda b: b != start))
         self.warmup_steps = int(warmup_steps or cfg.strategy_warmup_steps)
         self.confirm_steps = int(confirm_steps)
         if self.warmup_steps < 1 or self.confirm_steps < 2:
