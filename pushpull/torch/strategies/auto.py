@@ -100,6 +100,8 @@ def _median_time(fn, reps: int) -> float:
 
 
 class Auto(Strategy):
+    """Runs one delegate strategy at a time and chooses it (module docstring); ``decision`` says why."""
+
     name = "auto"
 
     def __init__(self, compression=None, backend: str | None = None, comm: Comm | None = None,
@@ -123,7 +125,7 @@ class Auto(Strategy):
         self.probe_bytes = int(probe_bytes)
         _check_candidates(self.only, self.backends)
         self.compression = compression
-        super().__init__(compression, comm=self._comm(start))
+        super().__init__(compression, comm=self._comm(start), **options)
         self.phase = "measure"
         self.decision: dict = {"phase": "measure"}
         self._delegates: dict[tuple, Strategy] = {}
