@@ -38,7 +38,8 @@ Keys (defaults in brackets):
   ``placements`` [["colocated"]].
 * ``bandwidths`` [["200mbit"]]: link rate per host and direction; ``delay``
   [none]: one-way latency (``"1ms"``); ``congestion`` ["cubic"]: every
-  emulated host's TCP congestion control (``"inherit"`` = this machine's).
+  emulated host's TCP congestion control (``"inherit"`` = this machine's); ``auth``
+  [["auto"]]: PUSHPULL_AUTH of the jobs (``auto`` = CURVE between the hosts).
 * ``ratios`` [[1.0]]: computation/communication ratio: forward+backward time
   = ratio x (gradient bytes / link rate), i.e. against the ideal time of
   moving the gradients once over one link. The resulting compute scale is
@@ -86,7 +87,7 @@ AUTO_WARMUP = 10  # auto: 3 measuring + 3 confirming + 3 on a fallback + 1 with 
 BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
-              "ratio", "grad_mb", "ps_partition_bytes", "repeat", "congestion")
+              "ratio", "grad_mb", "ps_partition_bytes", "repeat", "congestion", "auth")
 
 
 # ---------------------------------------------------------------- config --
@@ -164,12 +165,12 @@ def expand(cfg: dict) -> list[dict]:
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
-    for model, backend, n, srv, placement, bw, ratio, rep in itertools.product(
+    for model, backend, n, srv, placement, bw, ratio, auth, rep in itertools.product(
             _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), ["ps"]),
             _list(cfg.get("workers"), [4]), _list(cfg.get("servers"), ["workers"]),
             _list(cfg.get("placements"), ["colocated"]),
             _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
-            range(int(cfg.get("repeats", 1)))):
+            _list(cfg.get("auth"), ["auto"]), range(int(cfg.get("repeats", 1)))):
         k = n if srv == "workers" else int(srv)
         if any(all(str(dict(model=model, backend=backend, workers=n, servers=k, placement=placement, bandwidth=bw,
                                 ratio=ratio).get(key)) == str(v) for key, v in ex.items())
@@ -190,7 +191,7 @@ def expand(cfg: dict) -> list[dict]:
         hosts = n if placement == "colocated" else n + k
         jobs.append({"model": model, "backend": backend, "workers": n, "servers": k, "placement": placement,
                      "bandwidth": bw, "bandwidth_bytes_s": bw_bytes, "delay": cfg.get("delay"),
-                     "congestion": cfg.get("congestion", "cubic"),
+                     "congestion": cfg.get("congestion", "cubic"), "auth": auth,
                      "ratio": float(ratio), "grad_mb": grad_mb, "repeat": rep, "hosts": hosts,
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
@@ -516,7 +517,7 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
         step = statistics.median(flat)
         row = {k: job[k] for k in ("model", "backend", "workers", "servers", "placement", "bandwidth",
                                    "bandwidth_bytes_s", "delay", "ratio", "grad_mb", "repeat", "size_scale",
-                                   "compute_scale", "batch_size", "ps_partition_bytes", "congestion")}
+                                   "compute_scale", "batch_size", "ps_partition_bytes", "congestion", "auth")}
         row.update({
             "config": cfg["name"], "strategy": r["name"], "base_strategy": r["base"], "layerwise": r["layerwise"],
             "partition_bytes": r["partition_bytes"], "credit_bytes": r["credit_bytes"],
@@ -580,7 +581,7 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                                     compute_scale=job["compute_scale"], runs=job["runs"])
                         argv = [sys.executable, "-m", "pushpull.bench.grid", "--child", json.dumps(spec),
                                 "--result", res_path]
-                        env = {"PUSHPULL_BACKEND": job["backend"],
+                        env = {"PUSHPULL_BACKEND": job["backend"], "PUSHPULL_AUTH": job["auth"],
                                "BYTEPS_PARTITION_BYTES": str(job["ps_partition_bytes"])}
                         if cluster.emulated:
                             env["GLOO_SOCKET_IFNAME"] = cluster.iface
