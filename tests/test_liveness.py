@@ -1,11 +1,14 @@
 """Roles started BytePS-style from DMLC_* variables, and liveness: a node that
 stops answering is declared dead to everyone instead of hanging them."""
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from pushpull.launch.cli import free_port
 
@@ -122,3 +125,46 @@ def test_job_dies_with_a_sigkilled_launcher():
             proc.kill()
         for pid in _job_pids(port):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("victim,named", [("worker", "worker rank 1"), ("server", "server 0"),
+                                          ("scheduler", "scheduler")])
+def test_killed_node_without_launcher_is_reported_within_2s(victim, named):
+    """BytePS-style roles, no launcher to notice: the closed connection, not the heartbeat timeout (15 s),
+    tells the others; the surviving worker's error names the dead node."""
+    port = free_port()
+    loop = [sys.executable, str(ROOT / "tests" / "scripts" / "loop_worker.py")]
+    procs = {"scheduler": subprocess.Popen(BPSLAUNCH, env=_env("scheduler", port)),
+             "server": subprocess.Popen(BPSLAUNCH, env=_env("server", port))}
+    workers = [subprocess.Popen(BPSLAUNCH + ["--"] + loop, env=_env("worker", port, DMLC_WORKER_ID=i),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    procs["worker"] = workers[1]
+    try:
+        lines = []
+        for w in workers:
+            while True:
+                line = w.stdout.readline()
+                assert line, "".join(lines)
+                lines.append(line)
+                if "READY" in line:
+                    break
+        target = procs[victim]
+        if victim == "worker":  # bpslaunch's child is the worker process itself: kill that one
+            target_pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(target.pid)], capture_output=True,
+                                                          text=True).stdout.split()] or [target.pid]
+        else:
+            target_pids = [target.pid]
+        t0 = time.monotonic()
+        for pid in target_pids:
+            os.kill(pid, signal.SIGKILL)
+        out = workers[0].communicate(timeout=30)[0]
+        took = time.monotonic() - t0
+    finally:
+        for p in list(procs.values()) + workers:
+            if p.poll() is None:
+                p.kill()
+    m = re.search(r"LIVENESS-ERROR after [\d.]+s: (.*)", out)
+    assert m, out[-2000:]
+    print(f"{victim} SIGKILLed: the other worker raised after {took:.2f}s: {m.group(1)}")
+    assert named in m.group(1), m.group(1)
+    assert took < 4, f"reported after {took:.1f}s"  # detection within 2 s, plus the process's own exit

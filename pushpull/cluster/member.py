@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Callable
 
+import zmq
+
 from pushpull.config import Config
 from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, encode_json
 from pushpull.transport.van import Van
@@ -21,6 +23,7 @@ from pushpull.transport.van import Van
 log = logging.getLogger(__name__)
 
 SCHED = "scheduler"
+LOST_GRACE_S = 1.0  # a closed connection to the scheduler that is not back within this is a dead scheduler
 
 
 class ClusterError(RuntimeError):
@@ -55,6 +58,10 @@ class Member:
         addr = f"tcp://{cfg.root_uri}:{cfg.root_port}"
         van.connect_dealer(SCHED, addr, identity, self._handle)
         van.call_later(0.0, self._heartbeat, every=cfg.heartbeat_interval)
+        self._lost_since: float | None = None  # when the connection to the scheduler closed, if it did
+        van.monitor(SCHED, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                    self._on_scheduler_event)
 
     # ------------------------------------------------------------ requests --
     def register(self) -> dict:
@@ -115,6 +122,27 @@ class Member:
                 log.exception("failure callback failed")
 
     # ------------------------------------------------------------ I/O thread --
+    def _on_scheduler_event(self, event: int, endpoint: str) -> None:
+        """The scheduler's connection closed, or our credentials were refused: fail in about a second
+        (a reconnect within it cancels), instead of after PUSHPULL_HEARTBEAT_TIMEOUT."""
+        where = f"{self.cfg.root_uri}:{self.cfg.root_port}"
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._lost_since = None
+        elif event == zmq.EVENT_DISCONNECTED:
+            if not self.terminated.is_set() and self._lost_since is None:
+                self._lost_since = time.monotonic()
+                self.van.call_later(LOST_GRACE_S, self._check_lost)
+        elif not self._registered.is_set() or event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.fail(f"the scheduler at {where} refused this node's credentials: is PUSHPULL_SECRET the same "
+                      f"as the scheduler's (and PUSHPULL_AUTH too)?")
+            self._registered.set()
+
+    def _check_lost(self) -> None:
+        if self._lost_since is not None and not self.terminated.is_set():
+            self.fail(f"the connection to the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} closed "
+                      f"{time.monotonic() - self._lost_since:.1f}s ago and did not come back: it exited or was "
+                      f"killed")
+
     def _heartbeat(self) -> None:
         if self.terminated.is_set():
             return

@@ -61,6 +61,9 @@ class Scheduler:
         except zmq.ZMQError as e:
             raise bind_error(listen, cfg.root_port, e) from None
         self.van.call_later(cfg.heartbeat_interval, self._check, every=cfg.heartbeat_interval)
+        # a node that exits or is killed closes its connection at once; heartbeats stay for hung nodes
+        self.van.monitor("nodes", zmq.EVENT_DISCONNECTED, self._on_disconnect)
+        self.terminating = False  # every worker finished: nodes leaving now are not failures
 
     def run(self) -> int:
         log.info("scheduler listening on %s:%d, expecting %d server(s)", self.cfg.root_uri, self.port, self.num_servers)
@@ -208,18 +211,41 @@ class Scheduler:
                 continue
             silent = now - n.last_seen
             if silent > self.cfg.heartbeat_timeout:
-                reason = f"no heartbeat for {silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})"
-                log.error("%s failed: %s", n.who, reason)
-                for m in self._all():
-                    if m is not n:
-                        self._send(m, Header(MsgType.NODE_FAILED),
-                                   [encode_json({"who": n.who, "node": n.node_id, "reason": reason})])
-                self._stop(1)
+                self._declare_dead(n, f"no heartbeat for {silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT="
+                                      f"{self.cfg.heartbeat_timeout:g}): hung or unreachable")
                 return
+
+    def _on_disconnect(self, event: int, endpoint: str) -> None:
+        """Some node's connection closed: find which by sending each a no-op (a ROUTER knows at once that
+        an identity has no connection any more), shortly after, so a reconnecting peer is not taken for dead."""
+        if not self.terminating and self.exit_code == 0:
+            self.van.call_later(0.05, self._probe)
+
+    def _probe(self) -> None:
+        if self.terminating:
+            return
+        for n in self._all():
+            if not n.finished and not self.van.reachable("nodes", n.identity,
+                                                         Header(MsgType.HEARTBEAT_ACK, sender=nodes.SCHEDULER)):
+                self._declare_dead(n, "its connection closed (the process exited or was killed)")
+                return
+
+    def _declare_dead(self, n: NodeInfo, reason: str) -> None:
+        """Tell every other node who failed and why, then end the job."""
+        if self.exit_code:
+            return
+        log.error("%s failed: %s", n.who, reason)
+        for m in self._all():
+            if m is not n:
+                self._send(m, Header(MsgType.NODE_FAILED),
+                           [encode_json({"who": n.who, "node": n.node_id, "pid": n.info.get("pid"),
+                                         "hostname": n.info.get("hostname"), "reason": reason})])
+        self._stop(1)
 
     def _finish(self, node: NodeInfo) -> None:
         node.finished = True
         if all(w.finished for w in self.workers.values()):
+            self.terminating = True
             log.info("all workers finished; terminating")
             for n in self._all():
                 self._send(n, Header(MsgType.TERMINATE))

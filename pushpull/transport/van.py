@@ -25,6 +25,7 @@ from typing import Callable
 
 import zmq
 import zmq.backend
+from zmq.utils.monitor import recv_monitor_message
 
 from pushpull.transport.ratelimit import RateLimitedLog
 from pushpull.transport.protocol import (
@@ -74,6 +75,7 @@ class Van:
         self.ctx = zmq.Context(io_threads=1)
         self._sockets: dict[str, zmq.Socket] = {}
         self._handlers: dict[zmq.Socket, tuple[str, Callable, bool]] = {}
+        self._monitors: dict[zmq.Socket, Callable[[int, str], None]] = {}  # monitor socket -> handler
         self._poller = zmq.Poller()
         self._outbox: collections.deque = collections.deque()
         self._wake_lock = threading.Lock()
@@ -128,6 +130,45 @@ class Van:
             self.auth.connect(s, tcp_host(addr))
         s.connect(addr)
         self._add(sid, s, handler, router=False)
+
+    def monitor(self, sid: str, events: int, on_event: Callable[[int, str], None]) -> None:
+        """Call ``on_event(event, endpoint)`` on the I/O thread when libzmq reports one of ``events``
+        (``zmq.EVENT_*`` flags) on socket ``sid``: a closed connection is known at once, where heartbeats
+        take their timeout."""
+        def register() -> None:
+            m = self._sockets[sid].get_monitor_socket(events)
+            self._monitors[m] = on_event
+            self._poller.register(m, zmq.POLLIN)
+
+        if self._thread is None or threading.current_thread() is self._thread:
+            register()
+        else:
+            self.call_soon(register)
+
+    def _drain_monitor(self, m: zmq.Socket, on_event: Callable[[int, str], None]) -> None:
+        while _getsockopt(m, _EVENTS) & _POLLIN:
+            try:
+                ev = recv_monitor_message(m, _NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                on_event(int(ev["event"]), ev.get("endpoint", b"").decode(errors="replace"))
+            except Exception:
+                log.exception("%s: socket event handler failed", self.name)
+
+    def reachable(self, sid: str, identity: bytes, header: Header) -> bool:
+        """On the I/O thread: send ``header`` to ``identity`` on ROUTER ``sid`` now; False when the ROUTER has
+        no connection for that identity any more (ROUTER_MANDATORY's EHOSTUNREACH): the peer is gone."""
+        dest = (sid, identity)
+        if dest in self._batches:
+            self._flush(dest)
+        s = self._sockets[sid]
+        try:
+            _send(s, identity, _SNDMORE | _NOBLOCK, copy=True)
+            _send(s, header.pack(), _NOBLOCK, copy=True)
+        except zmq.ZMQError as e:
+            return e.errno != zmq.EHOSTUNREACH
+        return True
 
     def _add(self, sid: str, s: zmq.Socket, handler: Callable, router: bool) -> None:
         def register() -> None:
@@ -290,6 +331,9 @@ class Van:
                 for s, (sid, handler, router) in list(self._handlers.items()):
                     if s in events:
                         self._drain_socket(s, sid, handler, router)
+                for m, on_event in list(self._monitors.items()):
+                    if m in events:
+                        self._drain_monitor(m, on_event)
                 self._run_timers()
                 # deferred work first: what it sends joins this pass's batches instead of waiting
                 if self._deferred:
@@ -360,6 +404,14 @@ class Van:
                 heapq.heappush(self._timers, (now + every, next(self._timer_seq), every, fn))
 
     def _close(self) -> None:
+        for s in list(self._sockets.values()):
+            if self._monitors:
+                try:
+                    s.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+        for m in list(self._monitors):
+            m.close(0)
         for s in list(self._sockets.values()):
             try:
                 s.close(linger=500)
