@@ -86,6 +86,9 @@ def test_frozen_server_is_declared_dead_and_named():
     assert len(errors) == 2, rest[-3000:]
     assert all("server 0" in ln for ln in errors), errors
     assert took < 20, took
+    # the launcher blames the frozen server (which never exits), not the first worker to exit because of it
+    blame = [ln for ln in rest.splitlines() if ln.startswith("pushpull launch:")]
+    assert blame and "server 0" in blame[-1] and "failed first" in blame[-1], blame
 
 
 def _job_pids(port: int) -> list[int]:

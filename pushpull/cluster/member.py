@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Callable
@@ -24,6 +25,12 @@ log = logging.getLogger(__name__)
 
 SCHED = "scheduler"
 LOST_GRACE_S = 1.0  # a closed connection to the scheduler that is not back within this is a dead scheduler
+
+
+def print_culprit(pid: int, reason: str) -> None:
+    """One line on stderr naming the process a failure comes from, for the launcher to blame it (first
+    to exit is often a healthy node that learnt of another's death)."""
+    print(f"pushpull-culprit pid={pid}: {reason}", file=sys.stderr, flush=True)
 
 
 class ClusterError(RuntimeError):
@@ -172,7 +179,10 @@ class Member:
                 ev.set()
         elif t == MsgType.NODE_FAILED:
             d = decode_json(msg.body())
-            self.fail(f"{d.get('who', 'a node')} failed: {d.get('reason', 'unknown reason')}")
+            reason = f"{d.get('who', 'a node')} failed: {d.get('reason', 'unknown reason')}"
+            if d.get("pid") and d.get("hostname") == socket.gethostname():
+                print_culprit(int(d["pid"]), reason)
+            self.fail(reason)
         elif t == MsgType.TERMINATE:
             self.terminated.set()
             if self.on_message:

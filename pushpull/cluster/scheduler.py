@@ -9,6 +9,7 @@ two workers is reported to every worker, a silent node is declared dead.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import zmq
 from pushpull.cluster import nodes
 from pushpull.cluster.address import bind_error, bind_host, scheduler_host
 from pushpull.cluster.assign import Assigner
+from pushpull.cluster.member import print_culprit
 from pushpull.config import Config
 from pushpull.transport.protocol import Header, Msg, MsgType, ProtocolError, decode_json, encode_json
 from pushpull.transport.security import auth_for
@@ -235,6 +237,8 @@ class Scheduler:
         if self.exit_code:
             return
         log.error("%s failed: %s", n.who, reason)
+        if n.info.get("pid") and n.info.get("hostname") == socket.gethostname():
+            print_culprit(int(n.info["pid"]), f"{n.who} failed: {reason}")
         for m in self._all():
             if m is not n:
                 self._send(m, Header(MsgType.NODE_FAILED),

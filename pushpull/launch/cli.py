@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import signal
 import socket
@@ -24,6 +25,8 @@ import time
 from dataclasses import dataclass
 
 GRACE_S = 3.0
+BLAME_WAIT_S = 0.5  # after a failure, how long to wait for a line naming its cause
+CULPRIT = re.compile(r"pushpull-culprit pid=(\d+): (.*)")  # printed by a node whose failure another one caused
 _LAUNCHER_PID = os.getpid()
 
 
@@ -72,6 +75,7 @@ class Supervisor:
         self.prefix_output = prefix_output
         self.out_lock = threading.Lock()
         self._stopping = False
+        self.blamed: dict[int, str] = {}  # pid -> why other nodes say it failed (CULPRIT lines)
 
     def start(self, label: str, argv: list[str], env: dict, is_worker: bool) -> Child:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -86,11 +90,28 @@ class Supervisor:
         assert child.proc.stdout is not None
         for raw in iter(child.proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            m = CULPRIT.search(line)
+            if m:  # a node says which process its failure comes from
+                self.blamed.setdefault(int(m.group(1)), m.group(2))
             with self.out_lock:
                 if self.prefix_output:
                     print(f"[{child.label}] {line}", flush=True)
                 else:
                     print(line, flush=True)
+
+    def _blame(self, first: Child, code: int) -> str:
+        """Name the process that failed first by cause, not by exit order: the first to exit is often a
+        healthy worker that learnt of another node's death (a frozen server does not exit at all)."""
+        deadline = time.monotonic() + BLAME_WAIT_S
+        while time.monotonic() < deadline and not any(c.proc.pid in self.blamed for c in self.children):
+            time.sleep(0.02)  # the relays may still be reading the lines that name the culprit
+        exited = f"{first.label} (pid {first.proc.pid}) exited with {_signal_name(code)}"
+        for c in self.children:
+            if c is not first and c.proc.pid in self.blamed:
+                state = "still running (hung?)" if c.proc.poll() is None else f"exited with {_signal_name(c.proc.returncode)}"
+                return (f"{c.label} (pid {c.proc.pid}) failed first: {self.blamed[c.proc.pid]} [{state}]; "
+                        f"{exited} because of it; stopping the others")
+        return f"{exited}; stopping the others"
 
     def say(self, text: str) -> None:
         with self.out_lock:
@@ -136,8 +157,7 @@ class Supervisor:
                         continue
                     if code != 0:
                         # servers and the scheduler exit 0 only once every worker said FINISH
-                        self.say(f"{c.label} (pid {c.proc.pid}) failed with {_signal_name(code)}; "
-                                 f"stopping the others")
+                        self.say(self._blame(c, code))
                         self.kill_all()
                         return code if code > 0 else 128 + (-code)
                 workers = [c for c in self.children if c.is_worker]
