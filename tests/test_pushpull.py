@@ -77,6 +77,21 @@ def test_shutdown_after_a_caught_error_does_not_wait_for_the_others():
     assert times[0] < 4 and times[1] < 4, times  # rank 2 is still busy for 8 s: they did not wait for it
 
 
+@pytest.mark.parametrize("name,says", [("lonely.new", "rank(s) [1] have not declared it yet"),
+                                       ("lonely.ready", "rank(s) [1] have not pushed round 2 of it yet")])
+def test_a_timeout_names_the_missing_rank(lonely_job, name, says):
+    line = next((ln for ln in lonely_job.splitlines() if f"LONELY {name}:" in ln), "")
+    assert "PUSHPULL_TIMEOUT" in line and says in line, lonely_job[-3000:]
+
+
+@pytest.fixture(scope="module")
+def lonely_job() -> str:
+    res = launch(2, 1, "lonely", env={"PUSHPULL_TIMEOUT": "3"}, timeout=90)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    return out
+
+
 def _pids_with_port(port: int) -> list[int]:
     """Processes whose environment names this job's scheduler port."""
     marker = f"DMLC_PS_ROOT_PORT={port}".encode()

@@ -122,7 +122,7 @@ class Server:
             self._early.append((identity, msg))
             return
         try:
-            if h.type in (MsgType.INIT, MsgType.PUSH, MsgType.PULL):
+            if h.type in (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.STATUS):
                 rank = nodes.rank_of_identity(identity)
                 if rank is None or rank != h.sender or not 0 <= rank < self.num_workers:
                     # the rank is the connection's (a ROUTER admits one live connection per identity), not
@@ -131,7 +131,9 @@ class Server:
                                                  f"{'rank ' + str(rank) if rank is not None else 'no worker'} "
                                                  f"claims to be rank {h.sender}; refused", h.req_id)
                     return
-            if h.type == MsgType.INIT:
+            if h.type == MsgType.STATUS:
+                self._status(identity, h)
+            elif h.type == MsgType.INIT:
                 self._init(identity, msg)
             elif h.type in (MsgType.PUSH, MsgType.PULL):
                 if self.trace is not None:
@@ -203,6 +205,23 @@ class Server:
         self.keys[h.key] = ks
         for ident, req_id, _ in pend["by"].values():
             self._reply(ident, Header(MsgType.INIT_ACK, key=h.key, req_id=req_id))
+
+    def _status(self, identity: bytes, h: Header) -> None:
+        """Which ranks key ``h.key`` has heard from, for round ``h.round`` (or its INIT if still pending), so
+        that a worker whose wait timed out can name the ranks it waits for (read on the I/O thread: a glance,
+        not a lock-step view of an engine thread's sum)."""
+        everyone = set(range(self.num_workers))
+        pend = self.pending_inits.get(h.key)
+        ks = self.keys.get(h.key)
+        if pend is not None:
+            have, stage = set(pend["by"]), "declared it"
+        elif ks is not None:
+            slot = ks.slots[h.round % 2]
+            have, stage = (set(slot.pushed) if slot.round == h.round else set()), f"pushed round {h.round} of it"
+        else:
+            have, stage = set(), "declared it"
+        self._reply(identity, Header(MsgType.STATUS_RESP, key=h.key, round=h.round),
+                    [encode_json({"stage": stage, "have": sorted(have), "missing": sorted(everyone - have)})])
 
     def _check_inits(self) -> None:
         now = time.monotonic()

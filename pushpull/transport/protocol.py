@@ -40,6 +40,8 @@ class MsgType(enum.IntEnum):
     PUSH_ACK = 23
     PULL = 24
     PULL_RESP = 25
+    STATUS = 26         # which ranks a key's round (or its INIT) has heard from: asked when a wait times out
+    STATUS_RESP = 27
     # either
     ERROR = 40
     BATCH = 41          # several small messages for one peer in one frame (see pack_batch)

@@ -70,13 +70,17 @@ class DirectPath:
             socks[sock] = s
         return s
 
-    def exchange(self, sock: str, header: Header, payload, timeout: float, alive) -> memoryview:
-        """Send ``header`` + ``payload`` to server ``sock`` and return the body of its PULL_RESP for
-        the same key and round. Raises TimeoutError after ``timeout`` s, RuntimeError with the server's
-        text on an ERROR, and ``alive()``'s reason (checked every LIVENESS_S) as ConnectionError."""
+    def exchange(self, sock: str, header: Header, payload, timeout: float, alive,
+                 want: MsgType = MsgType.PULL_RESP) -> memoryview:
+        """Send ``header`` + ``payload`` (None: no body) to server ``sock`` and return the body of its
+        ``want`` answer for the same key and round. Raises TimeoutError after ``timeout`` s, RuntimeError with
+        the server's text on an ERROR, and ``alive()``'s reason (checked every LIVENESS_S) as ConnectionError."""
         s = self._socket(sock)
-        _send(s, header.pack(), _SNDMORE, copy=True)
-        _send(s, payload, 0, copy=True)
+        if payload is None:
+            _send(s, header.pack(), 0, copy=True)
+        else:
+            _send(s, header.pack(), _SNDMORE, copy=True)
+            _send(s, payload, 0, copy=True)
         deadline = time.monotonic() + timeout
         while True:
             try:  # a blocking receive bounded by RCVTIMEO: no poller built per call
@@ -86,7 +90,7 @@ class DirectPath:
                 if reason:
                     raise ConnectionError(reason) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no answer from server {sock[1:]} within {timeout:.0f}s") from None
+                    raise TimeoutError(f"no answer from server {sock[1:]} within {timeout:g}s") from None
                 continue
             while frames[-1].more:
                 frames.append(_recv(s, _NOBLOCK, copy=False))
@@ -101,7 +105,7 @@ class DirectPath:
                     continue  # a late answer to an earlier call that timed out
                 if h.type == MsgType.ERROR:
                     raise RuntimeError(decode_json(m.body()).get("error", "unknown server error"))
-                if h.type == MsgType.PULL_RESP and h.round == header.round and not h.flags & Flags.COMPRESSED:
+                if h.type == want and h.round == header.round and not h.flags & Flags.COMPRESSED:
                     return m.body_view()
 
     def close(self) -> None:

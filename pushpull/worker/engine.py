@@ -166,10 +166,10 @@ class Engine:
                                  for s in book["servers"])
         if not self._credit_set:
             self._use_default_credit()
-        if self.cfg.direct_bytes > 0:
-            self.direct = DirectPath(self.van.ctx, self.rank,
-                                     {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]},
-                                     auth=self.van.auth)
+        # also used to ask a server which ranks a timed-out wait is missing (PUSHPULL_DIRECT_BYTES=0 or not)
+        self.direct = DirectPath(self.van.ctx, self.rank,
+                                 {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]},
+                                 auth=self.van.auth)
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     worker_identity(self.rank), self._server_message)
@@ -336,7 +336,7 @@ class Engine:
         one already in flight): the caller then submits it as usual."""
         direct = self.direct
         e = self.entries.get(name)
-        if (direct is None or direct.closed or e is None or e.state != "ready" or len(e.parts) != 1
+        if (direct is None or direct.closed or self.cfg.direct_bytes <= 0 or e is None or e.state != "ready" or len(e.parts) != 1
                 or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
                 or self.tracer is not None or tensor.device.type != "cpu" or tensor.dtype != e.dtype
                 or tuple(tensor.shape) != e.shape or self.member.failure
@@ -367,10 +367,9 @@ class Engine:
         try:
             buf = direct.exchange(p.sock, header, _raw_bytes(src), self.cfg.timeout,
                                   lambda: self.member.failure)
-        except TimeoutError as ex:
+        except TimeoutError:
             raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
-                                f"(PUSHPULL_TIMEOUT): {ex}; a slow or missing worker keeps round {e.round} "
-                                f"open") from None
+                                f"(PUSHPULL_TIMEOUT): {self.missing_ranks(e, [p], e.round)}") from None
         except ConnectionError as ex:
             raise PushPullError(f"push_pull of tensor {name!r}: {ex}") from None
         except RuntimeError as ex:  # the server's ERROR: the tensor is unusable, as through the engine
@@ -387,12 +386,32 @@ class Engine:
         return out
 
     def _describe(self, op: Op) -> str:
+        """What a timed-out op waits for, with the ranks the servers have not heard from (asked now)."""
         e = op.entry
+        if e.state == "initing":
+            return self.missing_ranks(e, [p for p in e.parts if not p.inited], op.round)
         if e.state != "ready":
             return f"the tensor is still being set up ({e.state}); is every worker calling push_pull on it?"
-        servers = sorted({p.server for p in e.parts if p.key in self.ops})
-        return (f"{op.remaining} of {len(e.parts)} partition(s) of round {op.round} outstanding on server(s) "
-                f"{servers}; a slow or missing worker keeps the round open")
+        waiting = [p for p in e.parts if self.ops.get(p.key) is op]
+        servers = sorted({p.server for p in waiting})
+        return (f"{len(waiting)} of {len(e.parts)} partition(s) of round {op.round} outstanding on server(s) "
+                f"{servers}; {self.missing_ranks(e, waiting, op.round)}")
+
+    def missing_ranks(self, e: Entry, parts: list, rnd: int, limit: int = 4) -> str:
+        """Ask the servers of (up to ``limit`` of) ``parts`` which ranks they have not heard from for round
+        ``rnd`` (or for the INIT, while it is pending), and say it; 1 s per server at most."""
+        found: dict[str, set] = {}
+        for p in parts[:limit]:
+            try:
+                body = self.direct.exchange(p.sock, Header(MsgType.STATUS, sender=self.rank, key=p.key, round=rnd),
+                                            None, 1.0, lambda: self.member.failure, want=MsgType.STATUS_RESP)
+                d = decode_json(bytes(body))
+            except (TimeoutError, ConnectionError, RuntimeError, zmq.ZMQError, ValueError, AttributeError):
+                continue
+            found.setdefault(d.get("stage", "?"), set()).update(d.get("missing", []))
+        if not found:
+            return "the servers did not say which ranks are missing; a slow or missing worker keeps the round open"
+        return "; ".join(f"rank(s) {sorted(missing)} have not {stage} yet" for stage, missing in found.items())
 
     # ------------------------------------------------------------ I/O thread --
     def _start(self, op: Op) -> None:

@@ -197,6 +197,23 @@ def case_caught() -> None:
     print(f"SHUTDOWN-AFTER-ERROR rank {r} {time.monotonic() - t:.2f}s", flush=True)
 
 
+def case_lonely() -> None:
+    """Rank 0 waits (PUSHPULL_TIMEOUT=3) on a tensor rank 1 never declares, then on a round of a ready one
+    rank 1 never pushes: each timeout must name rank 1 and what it has not done."""
+    r = bps.rank()
+    bps.push_pull(torch.ones(3), name="lonely.ready")
+    if r == 0:
+        for name in ("lonely.new", "lonely.ready"):
+            try:
+                bps.push_pull(torch.ones(3), name=name)
+            except bps.PushPullError as e:
+                print(f"LONELY {name}: {e}", flush=True)
+            else:
+                fail(f"{name}: no timeout")
+    else:
+        time.sleep(9)
+
+
 def case_hang() -> None:
     """Rank 0 does one op then sleeps; it is killed by the test."""
     bps.push_pull(torch.ones(4), name="pre")
@@ -230,7 +247,7 @@ CASES = {
     "dtypes": case_dtypes, "partitions": case_partitions, "many": case_many, "rounds": case_rounds,
     "direct": case_direct,
     "overlap": case_overlap, "priority": case_priority, "mismatch": case_mismatch, "hang": case_hang,
-    "caught": case_caught,
+    "caught": case_caught, "lonely": case_lonely,
 }
 
 
@@ -239,7 +256,7 @@ def main() -> None:
     p.add_argument("cases", nargs="+", choices=list(CASES) + ["all"])
     args = p.parse_args()
     bps.init()
-    cases = [c for c in CASES if c not in ("mismatch", "hang", "caught")] if "all" in args.cases else args.cases
+    cases = [c for c in CASES if c not in ("mismatch", "hang", "caught", "lonely")] if "all" in args.cases else args.cases
     rank, size = bps.rank(), bps.size()  # cases may shut down ("caught")
     for c in cases:
         t = time.monotonic()
