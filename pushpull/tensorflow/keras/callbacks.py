@@ -1,0 +1,4 @@
+"""``pushpull.tensorflow.keras.callbacks``: the callbacks of :mod:`pushpull.keras.callbacks`."""
+from pushpull.keras.callbacks import (  # noqa: F401
+    BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback,
+)
