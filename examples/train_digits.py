@@ -232,43 +232,61 @@ def main(argv=None) -> int:
     eng = bps.engine()
     known = set(eng.entries) if eng is not None else set()
     grad_entries: list = []
-    step_bytes = 0  # bytes this worker pushed inside training steps (gradients only)
     wall0 = time.perf_counter()
-    train_time, samples, acc, test_loss = 0.0, 0.0, 0.0, 0.0
-    history: list[float] = []  # test accuracy after each epoch
-    total_steps = args.epochs * steps
-    warmup = round(args.warmup_epochs * steps)
-    for epoch in range(args.epochs):
-        idx = shard(len(y_train), epoch, args.seed, rank, size)
-        t0 = time.perf_counter()
-        pushed0 = eng.stats["bytes_pushed"] if eng is not None else 0
-        loss_sum = 0.0
-        for s in range(steps):
-            b = idx[s * args.batch_size:(s + 1) * args.batch_size]
-            for group in opt.param_groups:  # set before backward: error feedback reads it while pushing
-                group["lr"] = lr * lr_factor(epoch * steps + s, total_steps, warmup, args.lr_schedule)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x_train[b]), y_train[b])
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item() * len(b)
+    # Elastic (pushpull launch --min-workers M): if a worker dies, the others raise WorkersChanged, go back
+    # to the last commit (the end of the last whole epoch) and redo the epoch at the new size.
+    state = bps.elastic.TorchState(model, opt, epoch=0, train_time=0.0, samples=0.0, acc=0.0, test_loss=0.0,
+                                   history=[], step_bytes=0)
+
+    @bps.elastic.run
+    def train(state) -> None:
+        nonlocal grad_entries
+        while state.epoch < args.epochs:
+            epoch = state.epoch
+            rank, size = bps.rank(), bps.size()  # read at every epoch: they change when a worker is lost
+            steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
+            total_steps, warmup = args.epochs * steps, round(args.warmup_epochs * steps)
+            lr = args.lr * size
+            idx = shard(len(y_train), epoch, args.seed, rank, size)
+            t0 = time.perf_counter()
+            pushed0 = eng.stats["bytes_pushed"] if eng is not None else 0
+            loss_sum = 0.0
+            for s in range(steps):
+                b = idx[s * args.batch_size:(s + 1) * args.batch_size]
+                for group in opt.param_groups:  # set before backward: error feedback reads it while pushing
+                    group["lr"] = lr * lr_factor(epoch * steps + s, total_steps, warmup, args.lr_schedule)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x_train[b]), y_train[b])
+                loss.backward()
+                opt.step()
+                loss_sum += loss.item() * len(b)
+                if bar is not None:
+                    bar.update(1)
+            epoch_time = time.perf_counter() - t0
+            if eng is not None:  # step() waited for every pull, so every push of this epoch is counted
+                state.step_bytes += eng.stats["bytes_pushed"] - pushed0
+                if not grad_entries:  # the tensors first used inside the steps: the gradients
+                    grad_entries = [e for name, e in eng.entries.items() if name not in known]
+            total_loss, n, time_sum = reduce_sum([loss_sum, float(len(idx)), epoch_time], "digits.train")
+            state.train_time += time_sum / size
+            state.samples += n
+            state.acc, state.test_loss = evaluate(model, x_test, y_test, rank, size)
+            state.history = state.history + [round(state.acc, 4)]
             if bar is not None:
-                bar.update(1)
-        epoch_time = time.perf_counter() - t0
-        if eng is not None:  # step() waited for every pull, so every push of this epoch is counted
-            step_bytes += eng.stats["bytes_pushed"] - pushed0
-            if epoch == 0:  # the tensors first used inside the steps: the gradients
-                grad_entries = [e for name, e in eng.entries.items() if name not in known]
-        total_loss, n, time_sum = reduce_sum([loss_sum, float(len(idx)), epoch_time], "digits.train")
-        train_time += time_sum / size
-        samples += n
-        acc, test_loss = evaluate(model, x_test, y_test, rank, size)
-        history.append(round(acc, 4))
-        if bar is not None:
-            bar.set_postfix(loss=f"{total_loss / n:.3f}", acc=f"{acc:.3f}", refresh=False)
-        if rank == 0:
-            say(f"epoch {epoch + 1}/{args.epochs}: train_loss={total_loss / n:.4f} test_loss={test_loss:.4f} "
-                f"test_accuracy={acc:.4f} throughput={n / (time_sum / size):.0f} samples/s")
+                bar.set_postfix(loss=f"{total_loss / n:.3f}", acc=f"{state.acc:.3f}", refresh=False)
+            if rank == 0:
+                say(f"epoch {epoch + 1}/{args.epochs}: train_loss={total_loss / n:.4f} "
+                    f"test_loss={state.test_loss:.4f} test_accuracy={state.acc:.4f} "
+                    f"throughput={n / (time_sum / size):.0f} samples/s" + (f" workers={size}" if state.resets else ""))
+            state.epoch += 1
+            state.commit()
+
+    train(state)
+    rank, size = bps.rank(), bps.size()
+    steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
+    total_steps = args.epochs * steps
+    train_time, samples, acc, test_loss = state.train_time, state.samples, state.acc, state.test_loss
+    history, step_bytes = state.history, state.step_bytes
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - wall0

@@ -228,6 +228,12 @@ SETTINGS: tuple[Setting, ...] = (
       "load as JSON or with torch.load(weights_only=True): tensors, containers, numbers, strings."),
     S("secret_file", [], None, lambda s: s or None, "file path",
       "A file holding the job secret (its first line), instead of secret."),
+    # --- elastic training (docs/elastic.md)
+    S("min_workers", [], 0, _int_min(0), "integer >= 0 (0 = off)",
+      "Elastic training: when a worker dies and at least this many remain, the job goes on with them (ranks "
+      "renumbered, averages over the survivors; in-flight operations raise WorkersChanged, which "
+      "pushpull.torch.elastic.run turns into a restore of the last commit) instead of ending. "
+      "`pushpull launch --min-workers M` sets it."),
     # --- liveness
     S("timeout", [], 120.0, _float_pos, "seconds > 0",
       "Longest wait for any reply (registration, barrier, a push_pull) before an error names what is missing."),

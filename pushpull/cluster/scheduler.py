@@ -66,6 +66,9 @@ class Scheduler:
         # a node that exits or is killed closes its connection at once; heartbeats stay for hung nodes
         self.van.monitor("nodes", zmq.EVENT_DISCONNECTED, self._on_disconnect)
         self.terminating = False  # every worker finished: nodes leaving now are not failures
+        self.gen = 0  # membership generation: +1 each time an elastic job goes on without a worker
+        self._reset_body: dict = {}
+        self._reset_waiting: set[bytes] = set()  # servers that have not acknowledged the last RESET
 
     def run(self) -> int:
         log.info("scheduler listening on %s:%d, expecting %d server(s)", self.cfg.root_uri, self.port, self.num_servers)
@@ -108,6 +111,8 @@ class Scheduler:
                 self._assign(node, msg)
             elif t == MsgType.FINISH:
                 self._finish(node)
+            elif t == MsgType.RESET_ACK:
+                self._reset_ack(node, msg.header.gen)
             else:
                 self._error(identity, f"the scheduler does not handle {t.name}")
         except ProtocolError as e:
@@ -173,7 +178,8 @@ class Scheduler:
         members = self.workers.values() if group == "worker" else self._all()
         arrived = self.barriers.setdefault((group, seq), set())
         arrived.add(node.identity)
-        if len(arrived) == len(list(members)):
+        members = list(members)
+        if {m.identity for m in members} <= arrived:  # (a lost worker's arrival may linger in the set)
             for m in members:
                 self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
             del self.barriers[(group, seq)]
@@ -233,8 +239,13 @@ class Scheduler:
                 return
 
     def _declare_dead(self, n: NodeInfo, reason: str) -> None:
-        """Tell every other node who failed and why, then end the job."""
+        """Tell every other node who failed and why, then end the job (or, for a worker of an elastic job
+        with enough left, go on without it)."""
         if self.exit_code:
+            return
+        if (n.role == "worker" and self.ready and not self.terminating and self.cfg.min_workers
+                and len(self.workers) - 1 >= self.cfg.min_workers):
+            self._shrink(n, reason)
             return
         log.error("%s failed: %s", n.who, reason)
         if n.info.get("pid") and n.info.get("hostname") == socket.gethostname():
@@ -245,6 +256,49 @@ class Scheduler:
                            [encode_json({"who": n.who, "node": n.node_id, "pid": n.info.get("pid"),
                                          "hostname": n.info.get("hostname"), "reason": reason})])
         self._stop(1)
+
+    # ------------------------------------------------------------ elastic --
+    def _shrink(self, lost: NodeInfo, reason: str) -> None:
+        """Go on without worker ``lost``: a new generation, the survivors renumbered 0..n'-1 in their old
+        order. Servers apply it first (they drop every round in flight and expect n' pushes), and only once
+        all have acknowledged are the workers told, so no worker pushes to a server of the old generation."""
+        log.warning("%s failed: %s; going on with %d workers (PUSHPULL_MIN_WORKERS=%d)", lost.who, reason,
+                    len(self.workers) - 1, self.cfg.min_workers)
+        del self.workers[lost.node_id]
+        self.by_identity.pop(lost.identity, None)
+        survivors = [w for _, w in sorted(self.workers.items())]
+        self.workers = {}
+        for new, w in enumerate(survivors):
+            w.node_id = new
+            self.workers[new] = w
+        self.num_workers = len(survivors)
+        self.gen += 1
+        self._reset_body = {"gen": self.gen, "num_workers": self.num_workers,
+                            "ranks": {str(w.info["rank"]): w.node_id for w in survivors},  # first rank -> rank now
+                            "lost": f"{lost.who} failed: {reason}"}
+        self._reset_waiting = {s.identity for s in self.servers}
+        for s in self.servers:
+            self._send(s, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
+        if not self._reset_waiting:
+            self._reset_workers()
+
+    def _reset_ack(self, node: NodeInfo, gen: int) -> None:
+        if gen != self.gen or node.identity not in self._reset_waiting:
+            return
+        self._reset_waiting.discard(node.identity)
+        if not self._reset_waiting:
+            self._reset_workers()
+
+    def _reset_workers(self) -> None:
+        for w in self.workers.values():
+            self._send(w, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
+        # barriers the lost worker had not reached may now be complete
+        for (group, seq), arrived in list(self.barriers.items()):
+            members = list(self.workers.values()) if group == "worker" else self._all()
+            if {m.identity for m in members} <= arrived:
+                for m in members:
+                    self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
+                del self.barriers[(group, seq)]
 
     def _finish(self, node: NodeInfo) -> None:
         node.finished = True

@@ -70,8 +70,10 @@ def _signal_name(code: int) -> str:
 class Supervisor:
     """Starts children, relays their output, and tears everything down on failure."""
 
-    def __init__(self, prefix_output: bool = True):
+    def __init__(self, prefix_output: bool = True, min_workers: int = 0):
         self.children: list[Child] = []
+        self.min_workers = min_workers  # elastic: workers may die while at least this many remain
+        self.lost: list[Child] = []
         self.prefix_output = prefix_output
         self.out_lock = threading.Lock()
         self._stopping = False
@@ -155,12 +157,21 @@ class Supervisor:
                     code = c.proc.poll()
                     if code is None:
                         continue
+                    if code != 0 and c in self.lost:
+                        continue
+                    if code != 0 and c.is_worker and self.min_workers:
+                        left = [w for w in self.children if w.is_worker and w not in self.lost and w is not c]
+                        if len(left) >= self.min_workers:  # elastic: the scheduler goes on without it
+                            self.lost.append(c)
+                            self.say(f"{c.label} (pid {c.proc.pid}) exited with {_signal_name(code)}; going on "
+                                     f"with {len(left)} workers (--min-workers {self.min_workers})")
+                            continue
                     if code != 0:
                         # servers and the scheduler exit 0 only once every worker said FINISH
                         self.say(self._blame(c, code))
                         self.kill_all()
                         return code if code > 0 else 128 + (-code)
-                workers = [c for c in self.children if c.is_worker]
+                workers = [c for c in self.children if c.is_worker and c not in self.lost]
                 if workers_done_at is None and all(w.proc.poll() == 0 for w in workers):
                     workers_done_at = time.monotonic()
                 if workers_done_at is not None:
@@ -197,10 +208,13 @@ def ensure_job_secret(env: dict) -> None:
 
 
 def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = None,
-                 env_extra: dict | None = None, prefix_output: bool = True) -> int:
-    """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine."""
+                 env_extra: dict | None = None, prefix_output: bool = True, min_workers: int = 0) -> int:
+    """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine (elastic with
+    ``min_workers`` > 0: the job goes on while that many workers are alive)."""
     port = port or free_port()
     common = _base_env(env_extra)
+    if min_workers:
+        common["PUSHPULL_MIN_WORKERS"] = str(min_workers)
     for k in ("DMLC_ROLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
               "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
         common.pop(k, None)
@@ -215,7 +229,7 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",
                    "DMLC_NUM_SERVER": str(servers), "DMLC_WORKER_ID": "0", "BYTEPS_LOCAL_SIZE": str(workers),
                    "DMLC_NODE_HOST": "127.0.0.1"})
-    sup = Supervisor(prefix_output)
+    sup = Supervisor(prefix_output, min_workers)
     _install_term_handler(sup)
     py = sys.executable
     need_cluster = workers > 1 or common.get("BYTEPS_FORCE_DISTRIBUTED", "0") not in ("0", "")
@@ -293,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment for every process")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with role and rank")
+    p.add_argument("--min-workers", type=int, default=0,
+                   help="elastic training: go on while at least this many workers are alive (docs/elastic.md)")
     p.add_argument("command", nargs="*", help="the worker command (put it after --)")
     args = p.parse_args(argv)
     cmd = args.command + cmd
@@ -312,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--servers must be >= 0")
     if not cmd:
         p.error("no command: pushpull launch --workers N --servers K -- python train.py")
-    return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix)
+    if args.min_workers < 0 or args.min_workers > workers:
+        p.error(f"--min-workers must be between 0 and --workers ({workers})")
+    return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix, args.min_workers)
 
 
 def bpslaunch_main() -> None:

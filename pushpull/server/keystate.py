@@ -49,6 +49,14 @@ class KeyState:
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
 
+    def reset(self, num_workers: int) -> None:
+        """A new generation of workers (elastic): no round survives, ``num_workers`` push each one now.
+        New slots, so an engine thread still summing an old push writes into a slot nobody reads."""
+        self.num_workers = num_workers
+        self.slots = [Slot(), Slot()]
+        if self.codec is not None and hasattr(self.codec, "reset"):
+            self.codec.reset()
+
     def _slot_for_push(self, rnd: int, rank: int) -> Slot:
         slot = self.slots[rnd % 2]
         if slot.round == rnd:

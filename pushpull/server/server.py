@@ -50,7 +50,9 @@ class Server:
         except zmq.ZMQError as e:
             raise bind_error(listen, 0, e) from None
         self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},
-                             on_registered=self._on_registered)
+                             on_registered=self._on_registered, on_message=self._scheduler_message)
+        self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped
+        self.rank_now: dict[int, int] | None = None  # a connection's first rank -> its rank now (after a RESET)
         self._early: list[tuple[bytes, Msg]] = []  # worker messages that beat our address book
         self.keys: dict[int, KeyState] = {}
         self.pending_inits: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req)}}
@@ -91,7 +93,23 @@ class Server:
         return code
 
     # ------------------------------------------------------------ replies --
+    def _scheduler_message(self, msg: Msg) -> None:
+        """RESET (elastic): the workers changed. Drop every round in flight (the workers fail theirs and
+        start again from round 1), expect the new number of pushes, map connections to their new ranks."""
+        if msg.header.type != MsgType.RESET:
+            return
+        d = decode_json(msg.body())
+        self.gen = int(d["gen"])
+        self.num_workers = int(d["num_workers"])
+        self.rank_now = {int(first): int(now) for first, now in d["ranks"].items()}
+        for ks in self.keys.values():
+            ks.reset(self.num_workers)
+        self.pending_inits.clear()  # the workers declare again what was pending
+        log.warning("workers changed (%s): generation %d, %d workers", d.get("lost"), self.gen, self.num_workers)
+        self.member.send(Header(MsgType.RESET_ACK, gen=self.gen))
+
     def _reply(self, identity: bytes, header: Header, frames: list = ()) -> None:
+        header.gen = self.gen
         header.sender = self.node_id
         self.van.send(SOCK, header, list(frames), identity=identity)
 
@@ -123,7 +141,11 @@ class Server:
             return
         try:
             if h.type in (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.STATUS):
+                if h.gen != self.gen:  # sent before the workers changed: its round no longer exists
+                    return
                 rank = nodes.rank_of_identity(identity)
+                if self.rank_now is not None and rank is not None:
+                    rank = self.rank_now.get(rank)  # None: a lost worker's connection
                 if rank is None or rank != h.sender or not 0 <= rank < self.num_workers:
                     # the rank is the connection's (a ROUTER admits one live connection per identity), not
                     # what a header says: a member cannot push or pull as another rank

@@ -11,7 +11,8 @@ from pushpull.torch.functions import (  # noqa: F401
 from pushpull.torch.ddp import (  # noqa: F401
     CommHookState, DistributedDataParallel, ddp_comm_hook, init_process_group_for_ddp,
 )
-from pushpull.worker.handle import PushPullError  # noqa: F401
+from pushpull.worker.handle import PushPullError, WorkersChanged  # noqa: F401
+from pushpull.torch import elastic  # noqa: F401
 from pushpull.torch.ops import trace_step  # noqa: F401
 from pushpull.torch.scheduled import ScheduledOptimizer  # noqa: F401
 from pushpull.torch.autotune import AutoTuner  # noqa: F401

@@ -126,7 +126,7 @@ def _agree(ok: bool, what: str, detail: str, name: str) -> None:
     flags = torch.zeros(n, dtype=torch.int32)
     if not ok:
         flags[ops.rank()] = 1
-    flags = ops.push_pull(flags, average=False, name=name)
+    flags = ops.push_pull(flags, average=False, name=f"{name}.n{n}")  # one flag per rank: the size is in the name
     bad = [r for r in range(n) if flags[r].item()]
     if bad:
         mine = f"; this rank ({ops.rank()}): {detail}" if not ok else ""

@@ -75,12 +75,18 @@ def init(config: Config | None = None) -> None:
             raise PushPullError(f"{ident.size} workers but DMLC_NUM_SERVER={cfg.num_server}: start at least one "
                                 f"server (pushpull launch --servers K)")
         engine = Engine(cfg, ident)
+        engine.on_reset.append(_on_workers_changed)
         engine.start()
         _state.engine = engine
         atexit.register(shutdown)
         _watch_uncaught()
     _state.cfg = cfg
     _trace.install(cfg, ident.rank, _state.engine)
+
+
+def _on_workers_changed(rank: int, size: int) -> None:
+    """Elastic training: the engine took a new rank and size (on its I/O thread)."""
+    _state.rank, _state.size = rank, size
 
 
 def _watch_uncaught() -> None:

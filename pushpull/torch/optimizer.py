@@ -146,6 +146,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if tr is not None:
             tr.synchronized(t0)
 
+    def reset(self) -> None:
+        """Forget the step in progress (elastic training, after WorkersChanged): the reductions it started
+        were dropped, so nothing of it is waited for; the next backward starts a fresh step."""
+        self._strategy.reset()
+        self._submitted.clear()
+        self._passes.clear()
+        self._ready_order.clear()
+        self._synchronized = False
+
     @contextlib.contextmanager
     def skip_synchronize(self):
         """Inside this block ``step()`` does not synchronize (call ``synchronize()`` yourself first),

@@ -13,10 +13,11 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x5050  # "PP"
-VERSION = 3
+VERSION = 4
 
-# magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra
-_FMT = "<HBBBBiQqQQII"
+# magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra, gen
+# gen: the membership generation (elastic training): a message from before a change of workers is stale
+_FMT = "<HBBBBiQqQQIII"
 HEADER_SIZE = struct.calcsize(_FMT)
 
 
@@ -33,6 +34,8 @@ class MsgType(enum.IntEnum):
     NODE_FAILED = 9
     FINISH = 10         # a worker is done
     TERMINATE = 11      # scheduler tells everyone to exit
+    RESET = 12          # elastic: the workers changed (new generation, ranks, size); servers first
+    RESET_ACK = 13      # a server applied a RESET
     # key-value (server)
     INIT = 20           # first push of a key: name, numel, dtype, compression
     INIT_ACK = 21
@@ -105,16 +108,17 @@ class Header:
     req_id: int = 0
     flags: int = 0
     extra: int = 0
+    gen: int = 0
 
     def pack(self) -> bytes:
         return struct.pack(_FMT, MAGIC, VERSION, self.type, self.dtype, self.flags, self.sender,
-                           self.key, self.round, self.numel, self.nbytes, self.req_id, self.extra)
+                           self.key, self.round, self.numel, self.nbytes, self.req_id, self.extra, self.gen)
 
     @classmethod
     def unpack(cls, buf) -> "Header":
         if len(buf) != HEADER_SIZE:
             raise ProtocolError(f"header is {len(buf)} bytes, expected {HEADER_SIZE}")
-        magic, ver, typ, dt, flags, sender, key, rnd, numel, nbytes, req_id, extra = struct.unpack(_FMT, buf)
+        magic, ver, typ, dt, flags, sender, key, rnd, numel, nbytes, req_id, extra, gen = struct.unpack(_FMT, buf)
         if magic != MAGIC:
             raise ProtocolError(f"bad magic 0x{magic:04x}")
         if ver != VERSION:
@@ -123,7 +127,7 @@ class Header:
         if typ_member is None:
             raise ProtocolError(f"unknown message type {typ}")
         typ = typ_member
-        return cls(typ, sender, key, rnd, dt, numel, nbytes, req_id, flags, extra)
+        return cls(typ, sender, key, rnd, dt, numel, nbytes, req_id, flags, extra, gen)
 
 
 @dataclass

@@ -105,6 +105,8 @@ class DirectPath:
                     continue  # a late answer to an earlier call that timed out
                 if h.type == MsgType.ERROR:
                     raise RuntimeError(decode_json(m.body()).get("error", "unknown server error"))
+                if h.gen != header.gen:
+                    continue  # an answer from before the workers changed
                 if h.type == want and h.round == header.round and not h.flags & Flags.COMPRESSED:
                     return m.body_view()
 

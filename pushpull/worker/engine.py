@@ -30,7 +30,7 @@ from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 from pushpull.worker.credit_queue import CreditQueue
 from pushpull.worker.direct import DirectPath
-from pushpull.worker.handle import Handle, PushPullError
+from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.window import AutoWindow
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,10 @@ class Engine:
         self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0}
         self.direct: DirectPath | None = None  # blocking small calls on the caller's thread
         self.tracer = None  # set by the torch layer when tracing
-        self._completed: list[tuple[Handle, str | None]] = []  # released at the end of the van's pass
+        self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
+        self.gen = 0  # membership generation (elastic training); +1 at each RESET from the scheduler
+        self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
+        self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
 
     def _lr(self) -> float:
         """Current learning rate for error feedback (set by DistributedOptimizer)."""
@@ -348,6 +351,8 @@ class Engine:
             e.busy = True
         try:
             return self._push_pull_now(e, tensor, output, name, average)
+        except WorkersChanged:
+            raise
         except PushPullError:
             self.stats["errors"] += 1
             raise
@@ -362,15 +367,19 @@ class Engine:
         out = torch.empty_like(src) if output is None else output
         p = e.parts[0]
         e.round += 1
-        header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code,
+        header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code, gen=self.gen,
                         numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
+        gen = self.gen
         try:
             buf = direct.exchange(p.sock, header, _raw_bytes(src), self.cfg.timeout,
-                                  lambda: self.member.failure)
+                                  lambda: self.member.failure or (None if self.gen == gen else "the workers changed"))
         except TimeoutError:
             raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
                                 f"(PUSHPULL_TIMEOUT): {self.missing_ranks(e, [p], e.round)}") from None
         except ConnectionError as ex:
+            if self.gen != gen and not self.member.failure:
+                raise WorkersChanged(f"push_pull of tensor {name!r}: the workers changed (generation {self.gen}, "
+                                     f"{self.size} workers, this one is rank {self.rank} now)") from None
             raise PushPullError(f"push_pull of tensor {name!r}: {ex}") from None
         except RuntimeError as ex:  # the server's ERROR: the tensor is unusable, as through the engine
             with self.table_lock:
@@ -403,7 +412,8 @@ class Engine:
         found: dict[str, set] = {}
         for p in parts[:limit]:
             try:
-                body = self.direct.exchange(p.sock, Header(MsgType.STATUS, sender=self.rank, key=p.key, round=rnd),
+                body = self.direct.exchange(p.sock, Header(MsgType.STATUS, sender=self.rank, key=p.key, round=rnd,
+                                                                    gen=self.gen),
                                             None, 1.0, lambda: self.member.failure, want=MsgType.STATUS_RESP)
                 d = decode_json(bytes(body))
             except (TimeoutError, ConnectionError, RuntimeError, zmq.ZMQError, ValueError, AttributeError):
@@ -458,10 +468,13 @@ class Engine:
         if not e.parts:
             self._entry_ready(e)
             return
+        self._send_inits(e, e.parts)
+
+    def _send_inits(self, e: Entry, parts: list) -> None:
         body = encode_json({"name": e.name, "compression": e.compression})
         itemsize = e.itemsize
-        for p in e.parts:
-            self.van.send(p.sock, Header(MsgType.INIT, sender=self.rank, key=p.key, dtype=e.code,
+        for p in parts:
+            self.van.send(p.sock, Header(MsgType.INIT, sender=self.rank, key=p.key, dtype=e.code, gen=self.gen,
                                          numel=p.nbytes // itemsize), [body])
 
     def _entry_ready(self, e: Entry) -> None:
@@ -519,7 +532,7 @@ class Engine:
             nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
         else:
             nb = p.nbytes
-        self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code,
+        self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code, gen=self.gen,
                                      numel=p.nbytes // itemsize, nbytes=nb, flags=flags, extra=extra), [frame])
         if self.tracer is not None:
             self.tracer.sent(p)
@@ -540,6 +553,8 @@ class Engine:
 
     def _handle_server_message(self, msg: Msg) -> None:
         h = msg.header
+        if h.gen != self.gen:  # an answer from before the workers changed (elastic): its op already failed
+            return
         t = h.type
         if t == MsgType.INIT_ACK:
             ep = self.parts_by_key.get(h.key)
@@ -640,12 +655,43 @@ class Engine:
                 log.info("scheduler error for a tensor not declared here yet: %s", d.get("error"))
             else:
                 log.error("scheduler error: %s", d.get("error"))
+        elif h.type == MsgType.RESET:
+            self._reset(decode_json(msg.body()))
         elif h.type == MsgType.TERMINATE:
             pass
         else:
             log.warning("unexpected %s from the scheduler ignored", h.type.name)
 
-    def _finish(self, op: Op, error: str | None) -> None:
+    def _reset(self, d: dict) -> None:
+        """The workers changed (elastic; servers have applied it already): take the new rank and size, fail
+        every op in flight with WorkersChanged (the caller restores its last commit and goes on), and start
+        every tensor's rounds again from 1; declarations still pending are sent again."""
+        new_rank = d["ranks"].get(str(self.first_rank))
+        if new_rank is None:
+            self.member.fail(f"this worker was dropped from the job ({d.get('lost')})")
+            return
+        self.gen = int(d["gen"])
+        self.rank, self.size = int(new_rank), int(d["num_workers"])
+        self.inv_size = 1.0 / self.size
+        self.member.node_id = self.rank
+        reason = (f"the workers changed ({d.get('lost')}): {self.size} remain, this worker is rank {self.rank} "
+                  f"now (generation {self.gen})")
+        log.warning("%s", reason)
+        for op in list(self.ops.values()):
+            self._finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
+        self.ops.clear()
+        for e in self.entries.values():
+            waiting, e.waiting = e.waiting, []
+            for op in waiting:
+                self._finish(op, f"tensor {e.name!r}: {reason}", WorkersChanged)
+            e.round = 0
+            if e.state == "initing":
+                e.waiting = []
+                self._send_inits(e, [p for p in e.parts if not p.inited])
+        for fn in self.on_reset:
+            fn(self.rank, self.size)
+
+    def _finish(self, op: Op, error: str | None, exc: type = PushPullError) -> None:
         if op.finished:
             return
         op.finished = True
@@ -672,7 +718,7 @@ class Engine:
             self.tracer.op_done(op, error)
         if not self._completed:
             self.van.at_pass_end(self._release_completed)
-        self._completed.append((op.handle, error))
+        self._completed.append((op.handle, error, exc))
 
     def _average_rest(self, out: torch.Tensor, average: bool) -> None:
         """Average what was not averaged on arrival (dtypes NumPy cannot scale in place); integers are
@@ -685,12 +731,13 @@ class Engine:
 
     def _release_completed(self) -> None:
         done, self._completed = self._completed, []
-        for handle, error in done:
+        for handle, error, exc in done:
             if error is None:
                 handle.complete()
             else:
-                self.stats["errors"] += 1
-                handle.fail(error)
+                if exc is not WorkersChanged:  # an elastic job goes on after these
+                    self.stats["errors"] += 1
+                handle.fail(error, exc)
 
     def _fail_all(self, reason: str) -> None:
         def fail() -> None:

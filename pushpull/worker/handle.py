@@ -10,19 +10,25 @@ class PushPullError(RuntimeError):
     """A push_pull failed; the message names the tensor and the cause."""
 
 
+class WorkersChanged(PushPullError):
+    """Elastic training: a worker left and the job goes on without it. Operations in flight were dropped;
+    ``pushpull.torch.elastic.run`` restores the last committed state and calls the training function again."""
+
+
 class Handle:
     """Completion of one push_pull; thread-safe. ``describe`` says what it waits on."""
 
     # a handle per tensor per step: a plain lock held until completion is the latch (an Event
     # builds a Condition, an RLock and a deque, and notifies through them); one lock shared by all
     # handles guards the rare done-callbacks
-    __slots__ = ("name", "output", "error", "_done", "_latch", "_callbacks", "_describe", "submitted")
+    __slots__ = ("name", "output", "error", "error_type", "_done", "_latch", "_callbacks", "_describe", "submitted")
     _callbacks_lock = threading.Lock()
 
     def __init__(self, name: str, output, describe: Callable[[], str] | None = None):
         self.name = name
         self.output = output
         self.error: str | None = None
+        self.error_type: type = PushPullError
         self._done = False
         self._latch = threading.Lock()
         self._latch.acquire()
@@ -57,7 +63,7 @@ class Handle:
             raise PushPullError(f"push_pull of tensor {self.name!r} did not finish within {timeout:.0f}s "
                                 f"(PUSHPULL_TIMEOUT): {what}")
         if self.error is not None:
-            raise PushPullError(self.error)
+            raise self.error_type(self.error)
         return self.output
 
     def wait_alive(self, timeout: float, failure: Callable[[], str | None], op: str = "push_pull"):
@@ -76,11 +82,12 @@ class Handle:
             self._wait_done(min(left, 0.25))
         return self.wait(0.0)
 
-    def _finish(self, error: str | None = None) -> None:
+    def _finish(self, error: str | None = None, exc: type = PushPullError) -> None:
         with Handle._callbacks_lock:
             if self._done:
                 return
             self.error = error
+            self.error_type = exc
             self._done = True
             callbacks, self._callbacks = self._callbacks, None
         self._latch.release()
@@ -90,5 +97,5 @@ class Handle:
     def complete(self) -> None:
         self._finish(None)
 
-    def fail(self, error: str) -> None:
-        self._finish(error)
+    def fail(self, error: str, exc: type = PushPullError) -> None:
+        self._finish(error, exc)

@@ -196,6 +196,14 @@ class Auto(Strategy):
         self._names_now.add(name)
         self.current.on_ready(name, grad, priority)
 
+    def reset(self) -> None:
+        """Elastic training dropped the step in progress: the delegate forgets it, and so does the timing
+        (the measurements and confirmations of the steps before stay)."""
+        super().reset()
+        self.current.reset()
+        self._t_first, self._open, self._blocked = None, False, 0.0
+        self._names_now.clear()
+
     def on_backward_done(self) -> None:
         self.current.on_backward_done()
         self._t_bwd, self._blocked, self._t_first, self._open = time.perf_counter(), 0.0, None, True

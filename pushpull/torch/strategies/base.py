@@ -100,6 +100,12 @@ class Strategy:
     def _flush(self) -> None:
         """Strategies that hold gradients back launch them here (idempotent)."""
 
+    def reset(self) -> None:
+        """Drop the step in progress (elastic training: its reductions failed with WorkersChanged).
+        Strategies that hold more per-step state extend this."""
+        self._active = []
+        self._task_of.clear()
+
     def wait(self, name: str) -> None:
         """Block until gradient ``name`` of the current step is reduced and written back."""
         task = self._task_of.get(name)

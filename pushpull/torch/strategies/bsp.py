@@ -19,6 +19,10 @@ class BSP(Strategy):
     def on_ready(self, name: str, grad: torch.Tensor, priority: int) -> None:
         self._held[name] = (grad, priority)
 
+    def reset(self) -> None:
+        super().reset()
+        self._held.clear()
+
     def on_backward_done(self) -> None:
         self._flush()
 

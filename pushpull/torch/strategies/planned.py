@@ -92,6 +92,13 @@ class PlannedStrategy(Strategy):
             grad, prio = self._held.pop(n)
             self._launch(n, [(n, grad)], prio)
 
+    def reset(self) -> None:
+        super().reset()
+        self._held.clear()
+        self._t0 = None
+        if self.plan is not None:
+            self._missing = [set(g) for g in self.plan]
+
     def on_backward_done(self) -> None:
         self._flush()
         self._t0 = None

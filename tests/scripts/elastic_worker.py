@@ -1,0 +1,51 @@
+"""Elastic training under the launcher (--workers 3 --min-workers 2): the worker that started as rank 1
+kills itself (SIGKILL) in the middle of epoch 2; the two survivors (ranks 0 and 2, now 0 and 1) must go on
+from their last commit at size 2 and finish with identical parameters, averaging over two workers."""
+import os
+import signal
+import sys
+
+import torch
+
+import pushpull.torch as bps
+
+bps.init()
+first_rank = bps.rank()
+torch.manual_seed(first_rank)
+model = torch.nn.Linear(8, 1)
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                               named_parameters=model.named_parameters())
+state = bps.elastic.TorchState(model, opt, epoch=0, sizes=[])
+g = torch.Generator().manual_seed(0)
+x_all, w_true = torch.randn(600, 8, generator=g), torch.randn(8, 1, generator=g)
+y_all = x_all @ w_true
+
+
+@bps.elastic.run
+def train(state):
+    while state.epoch < 5:
+        rank, size = bps.rank(), bps.size()  # read again at each epoch: they change after a reset
+        state.sizes = state.sizes + [size]
+        idx = torch.arange(rank, 600, size)
+        for step in range(10):
+            if first_rank == 1 and state.epoch == 2 and step == 4:
+                print("VICTIM dies now", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            b = idx[step * 20:(step + 1) * 20]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
+            opt.step()
+        state.epoch += 1
+        state.commit()
+
+
+train(state)
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+total = bps.push_pull(flat.clone(), average=False, name="elastic.check")
+if not torch.allclose(total, flat * bps.size(), atol=1e-6):
+    print(f"FAIL: parameters differ across the survivors: {total - flat * bps.size()}", flush=True)
+    sys.exit(3)
+print(f"ELASTIC rank {first_rank}->{bps.rank()} size {bps.size()} resets {state.resets} sizes {state.sizes}",
+      flush=True)
+bps.shutdown()
+print("ALL-OK", flush=True)
