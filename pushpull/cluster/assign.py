@@ -47,6 +47,28 @@ class Assigner:
         self.policy = policy
         self.load = [0] * num_servers
         self.tensors: dict[str, dict] = {}
+        self.dead: set[int] = set()  # servers lost (elastic): nothing is assigned to them any more
+
+    def _alive(self) -> list[int]:
+        return [j for j in range(self.num_servers) if j not in self.dead]
+
+    def remove_server(self, lost: int) -> dict[int, int]:
+        """Move every partition of server ``lost`` to the least loaded live server (elastic training);
+        returns {partition key: new server}, which every worker applies the same way."""
+        self.dead.add(lost)
+        moved: dict[int, int] = {}
+        for t in self.tensors.values():
+            if "result" not in t:
+                continue
+            res = t["result"]
+            for i, srv in enumerate(res["servers"]):
+                if srv == lost:
+                    new = min(self._alive(), key=lambda j: (self.load[j], j))
+                    self.load[new] += t["decl"]["parts"][i]
+                    res["servers"][i] = new
+                    moved[part_key(res["key"], i)] = new
+        self.load[lost] = 0
+        return moved
 
     def assign(self, rank: int, req: dict) -> dict:
         name = str(req["name"])
@@ -67,10 +89,11 @@ class Assigner:
         key = len(self.tensors) + 1
         servers = []
         for i, nbytes in enumerate(decl["parts"]):
+            alive = self._alive()
             if self.policy == "balanced":
-                s = min(range(self.num_servers), key=lambda j: (self.load[j], j))
+                s = min(alive, key=lambda j: (self.load[j], j))
             else:
-                s = HASHES[self.policy](str(part_key(key, i))) % self.num_servers
+                s = alive[HASHES[self.policy](str(part_key(key, i))) % len(alive)]
             self.load[s] += nbytes
             servers.append(s)
         result = {"key": key, "servers": servers}

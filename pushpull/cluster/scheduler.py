@@ -36,6 +36,7 @@ class NodeInfo:
     info: dict
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
+    dead: bool = False  # a server lost in an elastic job (its partitions moved to the others)
 
     @property
     def who(self) -> str:
@@ -82,7 +83,7 @@ class Scheduler:
         self.van.send("nodes", header, list(frames), identity=identity)
 
     def _all(self) -> list[NodeInfo]:
-        return list(self.workers.values()) + self.servers
+        return list(self.workers.values()) + self._live_servers()
 
     def _error(self, identity: bytes, text: str, key: int = 0) -> None:
         self._send(identity, Header(MsgType.ERROR, key=key), [encode_json({"error": text})])
@@ -243,9 +244,12 @@ class Scheduler:
         with enough left, go on without it)."""
         if self.exit_code:
             return
-        if (n.role == "worker" and self.ready and not self.terminating and self.cfg.min_workers
-                and len(self.workers) - 1 >= self.cfg.min_workers):
+        elastic = self.ready and not self.terminating and self.cfg.min_workers
+        if elastic and n.role == "worker" and len(self.workers) - 1 >= self.cfg.min_workers:
             self._shrink(n, reason)
+            return
+        if elastic and n.role == "server" and len(self._live_servers()) > 1:
+            self._lose_server(n, reason)
             return
         log.error("%s failed: %s", n.who, reason)
         if n.info.get("pid") and n.info.get("hostname") == socket.gethostname():
@@ -272,12 +276,31 @@ class Scheduler:
             w.node_id = new
             self.workers[new] = w
         self.num_workers = len(survivors)
+        self._new_generation(f"{lost.who} failed: {reason}", {})
+
+    def _lose_server(self, lost: NodeInfo, reason: str) -> None:
+        """Go on without server ``lost``: its partitions move to the least loaded live servers (every worker
+        declares them there again, and the rounds in flight are dropped and pushed again)."""
+        index = lost.node_id - nodes.SERVER_BASE
+        lost.dead = True
+        self.by_identity.pop(lost.identity, None)
+        moved = self.assigner.remove_server(index) if self.assigner is not None else {}
+        log.warning("%s failed: %s; its %d partition(s) move to the other %d server(s)", lost.who, reason,
+                    len(moved), len(self._live_servers()))
+        self._new_generation(f"{lost.who} failed: {reason}", moved)
+
+    def _live_servers(self) -> list[NodeInfo]:
+        return [s for s in self.servers if not s.dead]
+
+    def _new_generation(self, lost: str, moved: dict[int, int]) -> None:
+        """Tell the live servers first and the workers once all servers have acknowledged, so that no
+        worker pushes in the new generation to a server still in the old one."""
         self.gen += 1
         self._reset_body = {"gen": self.gen, "num_workers": self.num_workers,
-                            "ranks": {str(w.info["rank"]): w.node_id for w in survivors},  # first rank -> rank now
-                            "lost": f"{lost.who} failed: {reason}"}
-        self._reset_waiting = {s.identity for s in self.servers}
-        for s in self.servers:
+                            "ranks": {str(w.info["rank"]): w.node_id for w in self.workers.values()},  # first -> now
+                            "moved": {str(k): v for k, v in moved.items()}, "lost": lost}
+        self._reset_waiting = {s.identity for s in self._live_servers()}
+        for s in self._live_servers():
             self._send(s, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
         if not self._reset_waiting:
             self._reset_workers()

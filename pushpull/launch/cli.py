@@ -166,6 +166,14 @@ class Supervisor:
                             self.say(f"{c.label} (pid {c.proc.pid}) exited with {_signal_name(code)}; going on "
                                      f"with {len(left)} workers (--min-workers {self.min_workers})")
                             continue
+                    if code != 0 and c.label.startswith("server") and self.min_workers:
+                        left = [x for x in self.children if x.label.startswith("server") and x not in self.lost
+                                and x is not c]
+                        if left:  # elastic: its partitions move to the other servers
+                            self.lost.append(c)
+                            self.say(f"{c.label} (pid {c.proc.pid}) exited with {_signal_name(code)}; going on "
+                                     f"with {len(left)} server(s), which take its partitions")
+                            continue
                     if code != 0:
                         # servers and the scheduler exit 0 only once every worker said FINISH
                         self.say(self._blame(c, code))

@@ -674,19 +674,29 @@ class Engine:
         self.rank, self.size = int(new_rank), int(d["num_workers"])
         self.inv_size = 1.0 / self.size
         self.member.node_id = self.rank
-        reason = (f"the workers changed ({d.get('lost')}): {self.size} remain, this worker is rank {self.rank} "
-                  f"now (generation {self.gen})")
+        reason = (f"the job changed ({d.get('lost')}): {self.size} workers, this one is rank {self.rank} now "
+                  f"(generation {self.gen})")
         log.warning("%s", reason)
         for op in list(self.ops.values()):
             self._finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
         self.ops.clear()
+        moved = {int(k): int(v) for k, v in d.get("moved", {}).items()}  # a lost server's partitions
+        for key, server in moved.items():
+            ep = self.parts_by_key.get(key)
+            if ep is not None:
+                e, p = ep
+                p.server, p.sock = server, f"s{server}"
+                if p.inited:
+                    p.inited = False
+                    e.pending_inits += 1
+                if e.state == "ready":
+                    e.state = "initing"
         for e in self.entries.values():
             waiting, e.waiting = e.waiting, []
             for op in waiting:
                 self._finish(op, f"tensor {e.name!r}: {reason}", WorkersChanged)
             e.round = 0
-            if e.state == "initing":
-                e.waiting = []
+            if e.state == "initing":  # declarations pending, or moved to another server: declare again
                 self._send_inits(e, [p for p in e.parts if not p.inited])
         for fn in self.on_reset:
             fn(self.rank, self.size)

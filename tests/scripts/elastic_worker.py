@@ -9,8 +9,32 @@ import torch
 
 import pushpull.torch as bps
 
+KILL = os.environ.get("ELASTIC_KILL", "worker")  # what dies mid-run: this script's rank 1, or a server
+
+
+def kill_a_server() -> None:
+    """SIGKILL one of this job's servers (found through /proc: same scheduler port)."""
+    from pathlib import Path
+
+    port = f"DMLC_PS_ROOT_PORT={bps.config().root_port}".encode()
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            if d.name.isdigit() and port in env and b"DMLC_ROLE=server" in env:
+                print(f"VICTIM server pid {d.name} dies now", flush=True)
+                os.kill(int(d.name), signal.SIGKILL)
+                return
+        except OSError:
+            continue
+    raise RuntimeError("no server found")
+
+
 bps.init()
 first_rank = bps.rank()
+# tensors declared before the loss (some of them live on the server that dies): their sums must stay exact
+checks = {f"elastic.sum{i}": torch.full((3000,), float(first_rank + i)) for i in range(6)}
+for name, t in checks.items():
+    bps.push_pull(t, average=False, name=name)
 torch.manual_seed(first_rank)
 model = torch.nn.Linear(8, 1)
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
@@ -28,9 +52,11 @@ def train(state):
         state.sizes = state.sizes + [size]
         idx = torch.arange(rank, 600, size)
         for step in range(10):
-            if first_rank == 1 and state.epoch == 2 and step == 4:
+            if first_rank == 1 and state.epoch == 2 and step == 4 and KILL == "worker":
                 print("VICTIM dies now", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if first_rank == 0 and state.epoch == 2 and step == 4 and KILL == "server" and not state.resets:
+                kill_a_server()
             b = idx[step * 20:(step + 1) * 20]
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
@@ -45,6 +71,13 @@ total = bps.push_pull(flat.clone(), average=False, name="elastic.check")
 if not torch.allclose(total, flat * bps.size(), atol=1e-6):
     print(f"FAIL: parameters differ across the survivors: {total - flat * bps.size()}", flush=True)
     sys.exit(3)
+firsts = bps.push_pull(torch.tensor([float(first_rank)]), average=False, name=f"elastic.firsts{bps.size()}").item()
+for i, (name, t) in enumerate(checks.items()):  # each survivor pushes first_rank + i
+    got = bps.push_pull(t, average=False, name=name)
+    want = firsts + i * bps.size()
+    if not torch.equal(got, torch.full_like(t, want)):
+        print(f"FAIL: {name} summed to {got[0].item()}, want {want}", flush=True)
+        sys.exit(3)
 print(f"ELASTIC rank {first_rank}->{bps.rank()} size {bps.size()} resets {state.resets} sizes {state.sizes}",
       flush=True)
 bps.shutdown()
