@@ -240,7 +240,9 @@ def main(argv=None) -> int:
 
     @bps.elastic.run
     def train(state) -> None:
-        nonlocal grad_entries
+        nonlocal grad_entries, known
+        if eng is not None and not grad_entries:  # run() has synced the state: its tensors are not gradients
+            known = set(eng.entries)
         while state.epoch < args.epochs:
             epoch = state.epoch
             rank, size = bps.rank(), bps.size()  # read at every epoch: they change when a worker is lost
