@@ -8,6 +8,14 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.
   "$PY" -m pip install --quiet "torch==2.13.0"
 fi
 "$PY" -m pip install --quiet -e ".[bench,test]"
+# TensorFlow 2 / Keras 3 bindings (tensorflow-cpu: no CUDA packages); their tests run in CI
+"$PY" -m pip install --quiet -e ".[tensorflow]"
+# MXNet binding: mxnet 1.9.1 needs NumPy < 1.24, so it gets an environment of its own (.venv-mxnet).
+# Best effort: without it tests/test_mxnet_api.py skips saying why.
+if [ "${PUSHPULL_SKIP_MXNET:-0}" != 1 ]; then
+  bash scripts/test-mxnet.sh --install-only >/dev/null 2>&1 \
+    || echo "install.sh: could not make the MXNet environment (.venv-mxnet); its tests will be skipped" >&2
+fi
 # The emulated cluster shapes links with tc (iproute2) and, on kernels without
 # sch_netem, delays packets through iptables' NFQUEUE. Best effort: without
 # root or apt the emulation falls back to loopback and its tests say so.
