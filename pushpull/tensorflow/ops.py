@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -340,6 +339,3 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pic
     without running code unless ``allow_pickle`` (docs/api.md: differs from Horovod on purpose)."""
     return _fn.broadcast_object(obj, root_rank, name=name and "tf." + name, allow_pickle=allow_pickle)
 
-
-def _names_crc(names: list[str]) -> str:
-    return f"{zlib.crc32(';'.join(names).encode()):08x}"
