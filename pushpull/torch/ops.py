@@ -64,6 +64,11 @@ def init(config: Config | None = None) -> None:
     """
     if _state.cfg is not None:
         return
+    if config is None:
+        from pushpull.launch import torchrun
+
+        if torchrun.wanted():  # plain torchrun: start our own scheduler and servers (docs/api.md)
+            torchrun.start_cluster()
     cfg = config or load_config()
     logging.basicConfig(level=python_log_level(cfg), format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("pushpull").setLevel(python_log_level(cfg))

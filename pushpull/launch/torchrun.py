@@ -1,0 +1,82 @@
+"""Plain ``torchrun``: a job started without BytePS's roles starts its own scheduler and servers.
+
+Why: a PyTorch user's first try is ``torchrun --nproc_per_node 2 train.py``; asking them to start a
+scheduler and servers first (or to switch launcher) made that wait 120 s for a scheduler nobody started.
+
+How: torchrun's rendezvous store (a TCPStore at MASTER_ADDR:MASTER_PORT, served by its agent) is where
+the processes agree. Global rank 0 picks a free port for the scheduler and the job secret (unless
+PUSHPULL_SECRET is set) and publishes both; every process reads them. Rank 0 starts the scheduler, and
+the local rank 0 of every node starts PUSHPULL_SERVERS_PER_NODE servers, as child processes that die with
+it (PR_SET_PDEATHSIG) and exit when the job ends. One BytePS "worker machine" per torchrun node:
+DMLC_NUM_WORKER = nodes, BYTEPS_LOCAL_SIZE = processes per node.
+
+The secret travels through torchrun's store, which has no authentication: on one machine (``--standalone``)
+only local processes reach it; across machines set PUSHPULL_SECRET on every node yourself
+(docs/security.md), or anyone who can reach the store can read it.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+
+log = logging.getLogger(__name__)
+
+_STARTED: list[subprocess.Popen] = []
+
+
+def wanted(env=os.environ) -> bool:
+    """Started by torchrun (its agent sets TORCHELASTIC_RUN_ID), with more than one process, and no
+    BytePS roles or scheduler address given."""
+    return ("TORCHELASTIC_RUN_ID" in env and "RANK" in env and int(env.get("WORLD_SIZE", "1")) > 1
+            and not any(k in env for k in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "PUSHPULL_ROOT_URI")))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_cluster(timeout: float = 120.0) -> None:
+    """Agree on the scheduler's address and the secret through torchrun's store, set the DMLC_*/BYTEPS_*
+    variables every pushpull process reads, and start this node's share of the scheduler and servers."""
+    from torch.distributed import TCPStore
+
+    from pushpull.launch.cli import _die_with_parent
+
+    env = os.environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank, local_world = int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if world % local_world:
+        raise RuntimeError(f"torchrun: WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}; "
+                           f"pushpull needs the same number of processes on every node")
+    nodes = world // local_world
+    node = int(env.get("GROUP_RANK", rank // local_world))
+    per_node = int(env.get("PUSHPULL_SERVERS_PER_NODE", "1"))
+    master = env.get("MASTER_ADDR", "127.0.0.1")
+    store = TCPStore(master, int(env["MASTER_PORT"]), is_master=False,
+                     timeout=datetime.timedelta(seconds=timeout))
+    prefix = f"pushpull/{env.get('TORCHELASTIC_RUN_ID')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    if rank == 0:
+        store.set(prefix + "port", str(_free_port(master)))
+        store.set(prefix + "secret", env.get("PUSHPULL_SECRET") or secrets.token_urlsafe(32))
+    port = store.get(prefix + "port").decode()
+    env.update({"DMLC_PS_ROOT_URI": master, "DMLC_PS_ROOT_PORT": port, "DMLC_NUM_WORKER": str(nodes),
+                "DMLC_NUM_SERVER": str(nodes * per_node), "DMLC_WORKER_ID": str(node),
+                "BYTEPS_LOCAL_SIZE": str(local_world), "BYTEPS_LOCAL_RANK": str(local_rank)})
+    if not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
+        env["PUSHPULL_SECRET"] = store.get(prefix + "secret").decode()
+    roles = (["scheduler"] if rank == 0 else []) + (["server"] * per_node if local_rank == 0 else [])
+    for role in roles:
+        child_env = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
+        child_env.update(DMLC_ROLE=role)
+        _STARTED.append(subprocess.Popen([sys.executable, "-m", "pushpull.launch.role", role], env=child_env,
+                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
+    if roles:
+        log.info("torchrun: started %s for %d node(s) x %d process(es); scheduler %s:%s", ", ".join(roles),
+                 nodes, local_world, master, port)
