@@ -91,6 +91,13 @@ def case_collectives() -> None:
     close("byteps_push_pull in place", x.asnumpy(), base * (ranks + 1).sum())
     close("pre/postscale", bps.allreduce(mx.nd.array(base), average=False, name="scaled", prescale_factor=0.5,
                                          postscale_factor=3.0).asnumpy(), base * 0.5 * n * 3.0)
+    big = np.linspace(-1, 1, 32768, dtype=np.float32) * (r + 1)  # above BYTEPS_MIN_COMPRESS_BYTES
+    got = bps.allreduce(mx.nd.array(big), name="fp16", compression=bps.Compression.fp16).asnumpy()
+    close("allreduce with Compression.fp16", got, big / (r + 1) * (ranks + 1).mean(), rtol=2e-3, atol=2e-3)
+    from pushpull.torch import ops as tops
+
+    if tops.engine() is not None:
+        expect(bool(tops.engine().entries["mx.fp16"].compression), "Compression.fp16 did not reach the engine")
     root = n - 1
     v = np.array([-0.0, np.nan, np.inf, 1.5 + r], np.float32)
     got = bps.broadcast(mx.nd.array(v), root_rank=root, name="bc").asnumpy()

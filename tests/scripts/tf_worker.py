@@ -87,6 +87,13 @@ def case_collectives() -> None:
     gs = bps.grouped_allreduce([tf.constant(float(r)), tf.constant([1.0, r])], name="grouped")
     close("grouped_allreduce[0]", gs[0], ranks.mean())
     close("grouped_allreduce[1]", gs[1], [1.0, ranks.mean()])
+    # compression: the engine's codecs (fp16 on the wire); 32k floats, above BYTEPS_MIN_COMPRESS_BYTES
+    big = np.linspace(-1, 1, 32768, dtype=np.float32) * (r + 1)
+    got = bps.allreduce(tf.constant(big), name="fp16", compression=bps.Compression.fp16)
+    close("allreduce with Compression.fp16", got, big / (r + 1) * (ranks + 1).mean(), rtol=2e-3, atol=2e-3)
+    eng = _torch_ops.engine()
+    if eng is not None:
+        expect(bool(eng.entries["fp16"].compression), "Compression.fp16 did not reach the engine")
     expect_raises(NotImplementedError, "op=Average and op=Sum", lambda: bps.allreduce(tf.ones(2), op=bps.Max),
                   "allreduce op=Max")
     expect_raises(ValueError, "not both", lambda: bps.allreduce(tf.ones(2), average=True, op=bps.Sum),
