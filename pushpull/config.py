@@ -237,6 +237,9 @@ SETTINGS: tuple[Setting, ...] = (
     # --- liveness
     S("timeout", [], 120.0, _float_pos, "seconds > 0",
       "Longest wait for any reply (registration, barrier, a push_pull) before an error names what is missing."),
+    S("register_timeout", [], 15.0, _float_pos, "seconds > 0",
+      "Longest wait for every node to register (and for a node to hear from the scheduler) before an error "
+      "names who is missing; progress is reported every 5 s meanwhile. Raise it when machines start far apart."),
     S("heartbeat_interval", [], 1.0, _float_pos, "seconds > 0", "How often nodes tell the scheduler they are alive."),
     S("heartbeat_timeout", [], 15.0, _float_pos, "seconds > 0",
       "A node silent this long is declared dead and every node is told."),

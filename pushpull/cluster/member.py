@@ -74,14 +74,23 @@ class Member:
     def register(self) -> dict:
         """Register and block until the scheduler sends the address book."""
         self.van.send(SCHED, Header(MsgType.REGISTER), [encode_json(self.info)])
-        deadline = time.monotonic() + self.cfg.timeout
+        t0 = time.monotonic()
+        # the scheduler ends a registration that cannot complete itself, naming who is missing; a node that
+        # never hears from it gives up a little later
+        deadline = t0 + self.cfg.register_timeout + 3.0
+        next_note = t0 + 5.0
         while not self._registered.wait(0.1):
             self.raise_if_failed()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise ClusterError(
-                    f"no answer from the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} within "
-                    f"{self.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT): is it running, and do DMLC_NUM_WORKER / "
-                    f"DMLC_NUM_SERVER match the processes started?")
+                    f"registration timed out: no answer from the scheduler at {self.cfg.root_uri}:"
+                    f"{self.cfg.root_port} within {now - t0:.0f}s (PUSHPULL_REGISTER_TIMEOUT="
+                    f"{self.cfg.register_timeout:g}): is it running there (DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT)?")
+            if now > next_note and self._last_heard < t0:
+                next_note += 5.0
+                log.warning("no answer from the scheduler at %s:%d yet (%.0fs)", self.cfg.root_uri,
+                            self.cfg.root_port, now - t0)
         self.raise_if_failed()
         assert self.book is not None
         return self.book
@@ -187,9 +196,11 @@ class Member:
             self.terminated.set()
             if self.on_message:
                 self.on_message(msg)
+        elif t == MsgType.PROGRESS:
+            log.warning("%s", decode_json(msg.body()).get("text", ""))
         elif t == MsgType.ERROR and not self._registered.is_set():
             d = decode_json(msg.body())
-            self.fail(f"the scheduler refused registration: {d.get('error')}")
+            self.fail(f"registration failed: {d.get('error')}")
             self._registered.set()
         elif self.on_message:
             self.on_message(msg)

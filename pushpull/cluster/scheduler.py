@@ -25,6 +25,7 @@ from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 5.0  # how often registration says who it still waits for
 SCHEDULER_MAX_MESSAGE = 4 << 20  # registrations, barriers, tensor declarations: JSON, small
 
 
@@ -68,6 +69,8 @@ class Scheduler:
         self.van.monitor("nodes", zmq.EVENT_DISCONNECTED, self._on_disconnect)
         self.terminating = False  # every worker finished: nodes leaving now are not failures
         self.gen = 0  # membership generation: +1 each time an elastic job goes on without a worker
+        self.refused: list[str] = []  # registrations refused (named in the registration timeout's error)
+        self._next_progress = PROGRESS_EVERY_S
         self._reset_body: dict = {}
         self._reset_waiting: set[bytes] = set()  # servers that have not acknowledged the last RESET
 
@@ -84,6 +87,12 @@ class Scheduler:
 
     def _all(self) -> list[NodeInfo]:
         return list(self.workers.values()) + self._live_servers()
+
+    def _refuse(self, identity: bytes, text: str) -> None:
+        """Refuse a registration, and remember it: the ones that did register learn of it at the timeout."""
+        self.refused.append(text)
+        log.error("refused a registration: %s", text)
+        self._error(identity, text)
 
     def _error(self, identity: bytes, text: str, key: int = 0) -> None:
         self._send(identity, Header(MsgType.ERROR, key=key), [encode_json({"error": text})])
@@ -124,14 +133,14 @@ class Scheduler:
     def _register(self, identity: bytes, info: dict) -> None:
         role = info.get("role")
         if identity in self.by_identity:
-            self._error(identity, f"{self.by_identity[identity].who} is registered already")
+            self._refuse(identity, f"{self.by_identity[identity].who} is registered already")
             return
         if self.ready:
-            self._error(identity, "the job is already running; a late node cannot join")
+            self._refuse(identity, "the job is already running; a late node cannot join")
             return
         if role == "server":
             if len(self.servers) >= self.num_servers:
-                self._error(identity, f"DMLC_NUM_SERVER={self.num_servers} servers have registered already")
+                self._refuse(identity, f"DMLC_NUM_SERVER={self.num_servers} servers have registered already")
                 return
             node = NodeInfo(identity, role, nodes.server_node(len(self.servers)), info)
             self.servers.append(node)
@@ -140,21 +149,21 @@ class Scheduler:
             if self.num_workers is None:
                 self.num_workers = size
             if size != self.num_workers:
-                self._error(identity, f"worker rank {rank} says the job has {size} workers, but earlier "
+                self._refuse(identity, f"worker rank {rank} says the job has {size} workers, but earlier "
                                       f"workers said {self.num_workers}: check DMLC_NUM_WORKER / "
                                       f"BYTEPS_LOCAL_SIZE on every machine")
                 return
             if not 0 <= rank < size:
-                self._error(identity, f"worker rank {rank} is outside 0..{size - 1}")
+                self._refuse(identity, f"worker rank {rank} is outside 0..{size - 1}")
                 return
             if rank in self.workers:
-                self._error(identity, f"two workers claim rank {rank} ({self.workers[rank].info.get('hostname')} "
+                self._refuse(identity, f"two workers claim rank {rank} ({self.workers[rank].info.get('hostname')} "
                                       f"and {info.get('hostname')}): check DMLC_WORKER_ID / BYTEPS_LOCAL_RANK")
                 return
             node = NodeInfo(identity, role, rank, info)
             self.workers[rank] = node
         else:
-            self._error(identity, f"unknown role {role!r}")
+            self._refuse(identity, f"unknown role {role!r}")
             return
         self.by_identity[identity] = node
         log.info("registered %s", node.who)
@@ -201,19 +210,35 @@ class Scheduler:
         self._send(node, Header(MsgType.ASSIGN_ACK, req_id=msg.header.req_id), [encode_json(result)])
 
     # ------------------------------------------------------------ liveness --
+    def _waiting_for(self) -> str:
+        """Who registration still waits for, and which attempts were refused."""
+        if self.num_workers is None:
+            workers = "no worker registered yet"
+        else:
+            missing = sorted(set(range(self.num_workers)) - set(self.workers))
+            workers = f"{len(self.workers)} of {self.num_workers} workers registered (missing rank(s) {missing})"
+        text = f"{workers}, {len(self.servers)} of {self.num_servers} server(s)"
+        if self.refused:
+            text += "; refused: " + "; ".join(self.refused[-3:])
+        return text
+
     def _check(self) -> None:
         now = time.monotonic()
         if not self.ready:
-            if now - self.started > self.cfg.timeout:
-                missing_w = ("?" if self.num_workers is None else
-                             sorted(set(range(self.num_workers)) - set(self.workers)))
-                text = (f"registration incomplete after {self.cfg.timeout:.0f}s: "
-                        f"{len(self.workers)} worker(s) registered (missing ranks: {missing_w}), "
-                        f"{len(self.servers)} of {self.num_servers} server(s)")
+            waited = now - self.started
+            if waited > self.cfg.register_timeout:
+                text = (f"registration timed out after {self.cfg.register_timeout:g}s (PUSHPULL_REGISTER_TIMEOUT): "
+                        f"{self._waiting_for()}")
                 log.error(text)
                 for n in self._all():
                     self._error(n.identity, text)
                 self._stop(1)
+            elif waited >= self._next_progress:
+                self._next_progress += PROGRESS_EVERY_S
+                text = f"waiting for the job to start ({waited:.0f}s): {self._waiting_for()}"
+                log.warning(text)
+                for n in self._all():
+                    self._send(n, Header(MsgType.PROGRESS), [encode_json({"text": text})])
             return
         for n in self._all():
             if n.finished:

@@ -172,6 +172,8 @@ def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, wor
     })
     base.setdefault("BYTEPS_LOCAL_SIZE", "1")
     ensure_job_secret(base)  # this function starts every process of the job, as the local launcher does
+    # up to 17 processes importing torch on this machine's cores take longer than the default 15 s
+    base.setdefault("PUSHPULL_REGISTER_TIMEOUT", "120")
     job = Job(log_dir=Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pushpull-job-")))
     job.log_dir.mkdir(parents=True, exist_ok=True)
     launch = list(launcher) if launcher else [python, "-m", "pushpull", "launch"]

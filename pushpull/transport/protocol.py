@@ -36,6 +36,7 @@ class MsgType(enum.IntEnum):
     TERMINATE = 11      # scheduler tells everyone to exit
     RESET = 12          # elastic: the workers changed (new generation, ranks, size); servers first
     RESET_ACK = 13      # a server applied a RESET
+    PROGRESS = 14       # scheduler -> registered nodes: who the job still waits for (JSON text)
     # key-value (server)
     INIT = 20           # first push of a key: name, numel, dtype, compression
     INIT_ACK = 21
