@@ -92,6 +92,17 @@ def lonely_job() -> str:
     return out
 
 
+def test_differently_named_tensors_fail_every_worker_within_10s():
+    res = launch(3, 1, "misnamed", timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    lines = re.findall(r"MISNAMED after ([\d.]+)s: (.*)", out)
+    assert len(lines) == 3, out[-3000:]
+    for took, text in lines:
+        assert float(took) < 10, took
+        assert "rank(s) [0] declared 'named.a'" in text and "rank(s) [1, 2] declared 'named.b'" in text, text
+
+
 def _pids_with_port(port: int) -> list[int]:
     """Processes whose environment names this job's scheduler port."""
     marker = f"DMLC_PS_ROOT_PORT={port}".encode()

@@ -7,6 +7,8 @@ first disagreement about a tensor's shape or dtype be reported to every worker.
 """
 from __future__ import annotations
 
+import time
+
 PART_BITS = 24  # key = tensor_id << PART_BITS | partition index
 
 
@@ -75,6 +77,7 @@ class Assigner:
         decl = {"shape": list(req["shape"]), "dtype": str(req["dtype"]), "parts": [int(p) for p in req["parts"]]}
         known = self.tensors.get(name)
         if known is not None:
+            known["ranks"].add(rank)
             if "error" in known:  # a worker that declares it after the disagreement learns of it too
                 return {"error": known["error"], "repeat": True}
             if known["decl"] != decl:
@@ -97,8 +100,27 @@ class Assigner:
             self.load[s] += nbytes
             servers.append(s)
         result = {"key": key, "servers": servers}
-        self.tensors[name] = {"rank": rank, "decl": decl, "result": result}
+        self.tensors[name] = {"rank": rank, "decl": decl, "result": result, "ranks": {rank},
+                              "since": time.monotonic()}
         return result
+
+    def misnamed(self, num_workers: int, after_s: float) -> list[tuple[str, set, str, set]]:
+        """Pairs of tensors each declared by only some workers for ``after_s`` seconds, by disjoint sets of
+        ranks: the signature of workers naming the same tensor differently (a slow worker declares nothing
+        the others lack, so it never matches)."""
+        now = time.monotonic()
+        stuck = sorted((n, t["ranks"]) for n, t in self.tensors.items()
+                       if "error" not in t and len(t["ranks"]) < num_workers and now - t["since"] > after_s)
+        return [(a, ra, b, rb) for i, (a, ra) in enumerate(stuck) for b, rb in stuck[i + 1:] if not ra & rb]
+
+    def renumber(self, ranks: dict[int, int]) -> None:
+        """Elastic training renumbered the workers: ranks not in ``ranks`` are gone."""
+        for t in self.tensors.values():
+            t["ranks"] = {ranks[r] for r in t["ranks"] if r in ranks}
+
+    def fail(self, name: str, text: str) -> None:
+        """Every later declaration of ``name`` gets ``text`` as its error."""
+        self.tensors[name]["error"] = text
 
     def imbalance(self) -> float:
         """max load / mean load - 1 (0 = perfectly balanced)."""

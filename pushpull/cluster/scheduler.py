@@ -25,7 +25,8 @@ from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
-PROGRESS_EVERY_S = 5.0  # how often registration says who it still waits for
+PROGRESS_EVERY_S = 5.0
+MISNAMED_AFTER_S = 5.0  # tensors declared by disjoint sets of workers this long are a naming mismatch  # how often registration says who it still waits for
 SCHEDULER_MAX_MESSAGE = 4 << 20  # registrations, barriers, tensor declarations: JSON, small
 
 
@@ -240,6 +241,7 @@ class Scheduler:
                 for n in self._all():
                     self._send(n, Header(MsgType.PROGRESS), [encode_json({"text": text})])
             return
+        self._check_names()
         for n in self._all():
             if n.finished:
                 continue
@@ -248,6 +250,21 @@ class Scheduler:
                 self._declare_dead(n, f"no heartbeat for {silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT="
                                       f"{self.cfg.heartbeat_timeout:g}): hung or unreachable")
                 return
+
+    def _check_names(self) -> None:
+        """Workers that name a tensor differently each wait for the others on a key nobody else declares;
+        tell all of them within seconds, naming who declared what, instead of at their timeout."""
+        if self.assigner is None or self.num_workers is None:
+            return
+        for a, ranks_a, b, ranks_b in self.assigner.misnamed(self.num_workers, MISNAMED_AFTER_S):
+            text = (f"tensor names differ across workers: rank(s) {sorted(ranks_a)} declared {a!r} and rank(s) "
+                    f"{sorted(ranks_b)} declared {b!r}, and for {MISNAMED_AFTER_S:g}s neither has been declared by "
+                    f"the others: do all workers give their tensors the same names, in every step?")
+            log.error(text)
+            for name in (a, b):
+                self.assigner.fail(name, text)
+                for w in self.workers.values():
+                    self._send(w, Header(MsgType.ERROR, extra=1), [encode_json({"error": text, "tensor": name})])
 
     def _on_disconnect(self, event: int, endpoint: str) -> None:
         """Some node's connection closed: find which by sending each a no-op (a ROUTER knows at once that
@@ -296,6 +313,9 @@ class Scheduler:
         del self.workers[lost.node_id]
         self.by_identity.pop(lost.identity, None)
         survivors = [w for _, w in sorted(self.workers.items())]
+        renumber = {w.node_id: new for new, w in enumerate(survivors)}
+        if self.assigner is not None:  # who declared what, in the new numbering
+            self.assigner.renumber(renumber)
         self.workers = {}
         for new, w in enumerate(survivors):
             w.node_id = new

@@ -214,6 +214,19 @@ def case_lonely() -> None:
         time.sleep(9)
 
 
+def case_misnamed() -> None:
+    """Rank 0 calls its tensor 'named.a', the others 'named.b': every rank must fail within 10 s with an
+    error naming both names and who declared which."""
+    r = bps.rank()
+    t0 = time.monotonic()
+    try:
+        bps.push_pull(torch.ones(3), name="named.a" if r == 0 else "named.b")
+    except bps.PushPullError as e:
+        print(f"MISNAMED after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+    else:
+        fail("differently named tensors were not reported")
+
+
 def case_hang() -> None:
     """Rank 0 does one op then sleeps; it is killed by the test."""
     bps.push_pull(torch.ones(4), name="pre")
@@ -247,7 +260,7 @@ CASES = {
     "dtypes": case_dtypes, "partitions": case_partitions, "many": case_many, "rounds": case_rounds,
     "direct": case_direct,
     "overlap": case_overlap, "priority": case_priority, "mismatch": case_mismatch, "hang": case_hang,
-    "caught": case_caught, "lonely": case_lonely,
+    "caught": case_caught, "lonely": case_lonely, "misnamed": case_misnamed,
 }
 
 
@@ -256,7 +269,7 @@ def main() -> None:
     p.add_argument("cases", nargs="+", choices=list(CASES) + ["all"])
     args = p.parse_args()
     bps.init()
-    cases = [c for c in CASES if c not in ("mismatch", "hang", "caught", "lonely")] if "all" in args.cases else args.cases
+    cases = [c for c in CASES if c not in ("mismatch", "hang", "caught", "lonely", "misnamed")] if "all" in args.cases else args.cases
     rank, size = bps.rank(), bps.size()  # cases may shut down ("caught")
     for c in cases:
         t = time.monotonic()
