@@ -5,7 +5,7 @@ docs/results/simulator.md plus its plots (docs/results/sim_*.png).
     python benchmarks/sim_reproduce.py --quick    # smaller grids, for a smoke run
 
 Every number in the report comes from this script; the published figures
-it is compared with are the ones in shared/reference/FACTS.md §4.
+it is compared with are the published ones, each cited where it is used.
 """
 from __future__ import annotations
 
@@ -427,7 +427,7 @@ def discussion(pub, ratio, bw, scale_rows) -> str:
     out.append(
         "* **Direction: agrees.** Priority scheduling with partitions and a credit helps when the job is "
         "communication-bound and does nothing when it is compute-bound; PS with as many CPU servers as workers "
-        "beats ring all-reduce when the network is the bottleneck (BytePS' argument, FACTS §4).")
+        "beats ring all-reduce when the network is the bottleneck (the argument of BytePS (Jiang et al., OSDI 2020)).")
     out.append(
         "* **Size of ByteScheduler's published gains over the baseline: disagrees.** At 100 Gbit/s line rate "
         "and V100-class compute the simulator predicts no gain for VGG16 or the Transformer at 16 GPUs "

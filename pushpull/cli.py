@@ -8,6 +8,7 @@ code.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
 # name -> (target "module:function", one-line help)
@@ -18,9 +19,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("pushpull.sim.cli:sim_main", "predict iteration time of strategies on a cluster"),
     "plan": ("pushpull.sim.cli:plan_main", "recommend strategy, partition size and credit for a cluster"),
     "timeline": ("pushpull.timeline_cli:main", "summarize a Chrome-trace timeline written with PUSHPULL_TRACE_ON=1"),
-    "cluster": ("pushpull.emulate.cli:main", "emulated cluster on network namespaces: up, run, cleanup"),
+    "cluster": ("pushpull.emulate.cli:main", "emulated cluster on network namespaces: check, measure, launch, "
+                                             "torch, cleanup"),
     "config": ("pushpull.config:main", "print every setting, its environment variables and current value"),
 }
+
+
+def help_text(doc: str) -> str:
+    """A docstring as --help prints it: reStructuredText's ``literals`` and :role:`targets` as plain text."""
+    doc = re.sub(r"``([^`]+)``", r"\1", doc)
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
 
 
 def _usage() -> str:

@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from pushpull.cli import help_text
 from pushpull.timeline import load_trace
 
 Intervals = list[tuple[float, float]]
@@ -184,7 +185,7 @@ def merge(paths: list[Path]) -> dict:
 # ---------------------------------------------------------------- CLI --
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pushpull timeline", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="pushpull timeline", description=help_text(__doc__.split("\n\n")[0]))
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summarize", help="per-step compute, communication and overlap")
     s.add_argument("file", help="a timeline.json written with PUSHPULL_TRACE_ON=1 (or by pushpull sim)")

@@ -17,7 +17,7 @@ M = 1_000_000
 
 
 def test_space_follows_facts_and_scales_to_the_model():
-    big = Space.for_model(340 * M)                       # BERT-large: the FACTS ranges, in fp32 bytes
+    big = Space.for_model(340 * M)                       # BERT-large: ByteScheduler's ranges, in fp32 bytes
     assert big.partition == (2 * M * 4, 32 * M * 4) and big.credit == (1 * M * 4, 16 * M * 4)
     assert Space.for_model(340 * M, backend="allreduce").credit == (4 * M * 4, 64 * M * 4)
     small = Space.for_model(85_002)                      # the test MLP: up to the whole model

@@ -63,7 +63,7 @@ def test_config_errors_name_the_argument():
 
 
 # ---------------------------------------------------------------------------
-# closed forms (FACTS §4)
+# closed forms (ring all-reduce 2(n-1)/n M/B; PS max(M/B, nM/(kB)), as in the BytePS paper)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [4, 8])

@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 
+from pushpull.cli import help_text
 from pushpull.bench.jobs import join_gloo_beside, run_job
 
 MiB = 1 << 20
@@ -171,7 +172,7 @@ def child_main(args) -> int:
 # ---------------------------------------------------------------- driver --
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pushpull bench allreduce", description=__doc__,
+    p = argparse.ArgumentParser(prog="pushpull bench allreduce", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, default=2)

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from pushpull.cli import help_text
 from pushpull.compression import build
 
 # label -> registry spec; k=0.01 keeps 1 % of the elements for the sparse codecs.
@@ -111,7 +112,7 @@ def format_size(numel: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pushpull bench compression", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="pushpull bench compression", description=help_text(__doc__.split("\n\n")[0]))
     p.add_argument("--sizes", default="4M,64M",
                    help="comma-separated fp32 element counts (K/M suffixes), default 4M,64M")
     p.add_argument("--repeat", type=int, default=5, help="timed runs per measurement; the best is kept")

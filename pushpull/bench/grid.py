@@ -78,6 +78,8 @@ import re
 import socket
 import statistics
 import sys
+
+from pushpull.cli import help_text
 import tempfile
 import time
 from pathlib import Path
@@ -618,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--result", required=True)
         a = p.parse_args(argv)
         return child_main(json.loads(a.child), a.result)
-    p = argparse.ArgumentParser(prog="pushpull bench grid", description=__doc__,
+    p = argparse.ArgumentParser(prog="pushpull bench grid", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="grid config (JSON), e.g. benchmarks/configs/bytescheduler_speedup.json")
     p.add_argument("--out", help="results file (default docs/results/<name>.jsonl)")

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from pushpull.cli import help_text
 from pushpull.bench.jobs import join_gloo_beside, run_job
 
 
@@ -146,7 +147,7 @@ def summarize(r: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pushpull bench latency", description=__doc__,
+    p = argparse.ArgumentParser(prog="pushpull bench latency", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=1)

@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from pushpull.cli import help_text
 from pushpull.profiles import LayerProfile, Profile, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ def measure(name: str, batch_size: int, steps: int = 5, warmup: int = 2, device:
 def main(argv: list[str] | None = None) -> int:
     from pushpull.bench.models import model_names
 
-    ap = argparse.ArgumentParser(prog="pushpull profile", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="pushpull profile", description=help_text(__doc__.split("\n\n")[0]))
     ap.add_argument("--model", required=True, help=f"one of: {', '.join(model_names())}")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=None, help="sequence length (BERT/GPT-2)")

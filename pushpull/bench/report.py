@@ -23,6 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from pushpull.cli import help_text
+
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
 GROUP = ("model", "backend", "workers", "servers", "placement", "bandwidth", "ratio")
 
@@ -301,7 +303,7 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, title: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pushpull bench report", description=__doc__,
+    p = argparse.ArgumentParser(prog="pushpull bench report", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", help="JSON-lines results of pushpull bench grid")
     p.add_argument("--out-dir", help="where to write <name>.md and the PNGs (default: next to RESULTS)")

@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 
+from pushpull.cli import help_text
 from pushpull.bench.jobs import run_job
 
 STRATEGIES = ["wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler"]
@@ -213,7 +214,7 @@ def summarize(r: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pushpull bench scheduling", description=__doc__,
+    p = argparse.ArgumentParser(prog="pushpull bench scheduling", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", help="profile name/file (emulated) or mlp / a small model")
     p.add_argument("--workers", type=int, default=2)

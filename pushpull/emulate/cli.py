@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 
+from pushpull.cli import help_text
 from pushpull.emulate import measure as _measure
 from pushpull.emulate.jobs import JobError, launch_job, launch_torch_job
 from pushpull.emulate.netns import (EmulatedCluster, cleanup, list_namespaces, netem_available,
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
-    ap = argparse.ArgumentParser(prog="pushpull cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog="pushpull cluster", description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from pushpull.cli import help_text
 
 GRACE_S = 3.0
 BLAME_WAIT_S = 0.5  # after a failure, how long to wait for a line naming its cause
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, cmd = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(prog="pushpull launch", description=__doc__,
+    p = argparse.ArgumentParser(prog="pushpull launch", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", "-n", type=int, help="worker processes to start on this machine")
     p.add_argument("--servers", "-k", type=int, default=None, help="server processes (default: 1)")
@@ -318,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-workers", type=int, default=0,
                    help="elastic training: go on while at least this many workers are alive (docs/elastic.md)")
     p.add_argument("command", nargs="*", help="the worker command (put it after --)")
-    args = p.parse_args(argv)
+    dashdash = bool(cmd)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        hint = "" if dashdash else ("; if they belong to the worker command, put -- before it: "
+                                    "pushpull launch --workers N --servers K -- python train.py --epochs 3")
+        p.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     cmd = args.command + cmd
     extra = {}
     for kv in args.env:
@@ -336,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--servers must be >= 0")
     if not cmd:
         p.error("no command: pushpull launch --workers N --servers K -- python train.py")
+    if shutil.which(cmd[0]) is None:
+        p.error(f"the worker command {cmd[0]!r} was not found (not an executable file, not on PATH)")
     if args.min_workers < 0 or args.min_workers > workers:
         p.error(f"--min-workers must be between 0 and --workers ({workers})")
     return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix, args.min_workers)

@@ -13,6 +13,7 @@ import math
 import sys
 from pathlib import Path
 
+from pushpull.cli import help_text
 from pushpull.profiles import Profile, ProfileError, load_profile
 from pushpull.sim.config import (ClusterConfig, Compression, format_bandwidth, format_bytes, parse_bandwidth,
                                  parse_bytes, parse_duration)
@@ -162,7 +163,7 @@ def _parse_sweep(spec: str) -> tuple[str, list]:
 # ---------------------------------------------------------------------------
 
 def _sim_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pushpull sim", description=__doc__.split("\n\n")[1].strip())
+    p = argparse.ArgumentParser(prog="pushpull sim", description=help_text(__doc__.split("\n\n")[1].strip()))
     _common(p)
     p.add_argument("--backend", default="ps", choices=("ps", "allreduce"))
     p.add_argument("--strategy", default=",".join(STRATEGIES),

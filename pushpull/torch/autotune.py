@@ -19,7 +19,7 @@ partition size needs new keys, so tensor names get a suffix per partition size
 tensor (one ASSIGN and one INIT per partition, a barrier per key), and servers
 keep the old keys' buffers. Returning to a size already tried reuses its keys.
 
-Search space (FACTS §2): credit 1..16 M elements (4..64 M over all-reduce),
+Search space (ByteScheduler (Peng et al., SOSP 2019), its auto-tuner's ranges): credit 1..16 M elements (4..64 M over all-reduce),
 partition 2..32 M elements, both log-scaled, times ``scale``; by default
 ``scale = min(1, model elements / 32 M)``, so a model smaller than 32 M
 elements searches partitions between 1/16 of the model and all of it.
@@ -55,7 +55,7 @@ class Space:
     @classmethod
     def for_model(cls, elements: int, itemsize: int = 4, backend: str = "ps", scale: float | None = None,
                   max_partition: int | None = None) -> "Space":
-        """FACTS §2 ranges, scaled to the model (see the module docstring); partitions no larger than
+        """ByteScheduler's ranges, scaled to the model (see the module docstring); partitions no larger than
         ``max_partition`` (over PS: what a server accepts in one message)."""
         if scale is None:
             scale = min(1.0, max(elements, 1) / (32 * M))

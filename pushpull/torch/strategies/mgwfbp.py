@@ -1,7 +1,7 @@
 """MG-WFBP (Shi et al.): merge consecutive gradients when that finishes the
 communication sooner than sending them one by one. The decision is the
 simulator's pure function :func:`pushpull.sim.strategies.mgwfbp.mgwfbp_merge`
-(FACTS §2 rule: walk from output to input, merge when the next gradient is
+(the rule of Shi et al., MG-WFBP, INFOCOM 2019: walk from output to input, merge when the next gradient is
 ready before the current message would finish and the extra wait is under
 alpha or the network is busy anyway; tensors under 8192 elements always
 merge), fed with:
