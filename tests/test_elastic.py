@@ -15,14 +15,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def suicide_job() -> str:
+def _elastic_job(kill: str) -> str:
+    """3 workers, 2 servers, --min-workers 2; tests/scripts/elastic_worker.py kills a ``kill`` mid-run."""
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
-            "--", sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
+            "--env", f"ELASTIC_KILL={kill}", "--", sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def suicide_job() -> str:
+    return _elastic_job("worker")
 
 
 def test_survivors_finish_after_a_worker_dies(suicide_job):
@@ -94,12 +99,7 @@ def test_digits_example_survives_a_sigkilled_node(victim, workers_left):
 
 @pytest.fixture(scope="module")
 def server_loss_job() -> str:
-    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
-            "--env", "ELASTIC_KILL=server", "--", sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-3000:]
-    return out
+    return _elastic_job("server")
 
 
 def test_workers_finish_after_a_server_dies(server_loss_job):

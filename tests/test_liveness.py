@@ -60,15 +60,12 @@ def test_frozen_server_is_declared_dead_and_named():
             line = proc.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
-        marker = f"DMLC_PS_ROOT_PORT={port}".encode()
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    env = (d / "environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if marker in env and b"DMLC_ROLE=server" in env:
-                    server = int(d.name)
+        for pid in _job_pids(port):
+            try:
+                if b"DMLC_ROLE=server" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    server = pid
+            except OSError:
+                continue
         assert server, "server process not found"
         t0 = time.monotonic()
         os.kill(server, signal.SIGSTOP)  # alive but silent: only heartbeats can tell
