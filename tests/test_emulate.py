@@ -13,10 +13,12 @@ import sys
 import textwrap
 import time
 
+from pathlib import Path
+
 import pytest
 
 from pushpull.emulate import measure
-from pushpull.emulate.jobs import JobError, launch_job, launch_torch_job
+from pushpull.emulate.jobs import JobError, launch_job, launch_torch_job, launch_torchrun_job
 from pushpull.emulate.netns import (EmulatedCluster, cleanup, list_namespaces, netem_available,
                                     netns_unavailable_reason)
 
@@ -224,6 +226,18 @@ def test_pushpull_and_torch_jobs_across_hosts(tmp_path):
         job = launch_torch_job(c, 2, [sys.executable, str(tmp_path / "td.py")], log_dir=tmp_path / "td")
         job.wait(60)
         assert all("ok" in job[f"rank{i}"].tail() for i in range(2))
+
+
+@needs_netns
+def test_plain_multinode_torchrun_trains_across_hosts(tmp_path):
+    """torchrun on two emulated hosts, no BytePS roles: pushpull starts its own scheduler and servers."""
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "train_digits.py")
+    with EmulatedCluster(2, rate="1gbit") as c:
+        job = launch_torchrun_job(c, 2, 1, [example, "--epochs", "3", "--no-progress", "--min-accuracy", "0.8"],
+                                  log_dir=tmp_path / "tr")
+        job.wait(180)
+        tail = job["node0"].tail()
+        assert "final: test_accuracy=" in tail and "workers=2" in tail, tail
 
 
 def test_cli_check_and_cleanup_run():

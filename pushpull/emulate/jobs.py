@@ -225,6 +225,32 @@ def launch_torch_job(cluster: EmulatedCluster, world_size: int, argv: Sequence[s
     return job
 
 
+def launch_torchrun_job(cluster: EmulatedCluster, nodes: int, nproc_per_node: int, argv: Sequence[str],
+                        env: dict | None = None, port: int | None = None, log_dir: str | Path | None = None) -> Job:
+    """Plain multi-node ``torchrun`` on the emulated hosts, one node per host: what a user without BytePS
+    roles runs (pushpull starts its scheduler and servers itself, :mod:`pushpull.launch.torchrun`)."""
+    if nodes > cluster.hosts:
+        raise ValueError(f"{nodes} nodes need {nodes} hosts, cluster has {cluster.hosts}")
+    if port is None:
+        port = DEFAULT_TORCH_PORT if cluster.emulated else _free_port()
+    base = _base_env(env)
+    for k in ("PUSHPULL_SECRET", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER"):
+        base.pop(k, None)
+    base.update({"GLOO_SOCKET_IFNAME": cluster.iface})
+    job = Job(log_dir=Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pushpull-torchrun-")))
+    job.log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for h in range(nodes):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc_per_node",
+                   str(nproc_per_node), "--node_rank", str(h), "--master_addr", cluster.addr(0), "--master_port",
+                   str(port), *argv]
+            _start(cluster, job, f"node{h}", h, cmd, dict(base, PUSHPULL_REGISTER_TIMEOUT="120"), True)
+    except BaseException:
+        job.kill()
+        raise
+    return job
+
+
 def _free_port() -> int:
     import socket
 
