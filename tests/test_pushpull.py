@@ -64,7 +64,7 @@ def test_shape_mismatch_raises_on_every_worker_quickly():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     assert out.count("MISMATCH-ERROR") == 3, out[-3000:]
-    assert "'mismatched'" in out and "rank 0" in out
+    assert "'allreduce.mismatched'" in out and "rank 0" in out
     assert time.monotonic() - t0 < 30
 
 
@@ -100,7 +100,7 @@ def test_differently_named_tensors_fail_every_worker_within_10s():
     assert len(lines) == 3, out[-3000:]
     for took, text in lines:
         assert float(took) < 10, took
-        assert "rank(s) [0] declared 'named.a'" in text and "rank(s) [1, 2] declared 'named.b'" in text, text
+        assert "rank(s) [0] declared 'allreduce.named.a'" in text and "rank(s) [1, 2] declared 'allreduce.named.b'" in text, text
 
 
 def _pids_with_port(port: int) -> list[int]:

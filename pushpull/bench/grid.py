@@ -501,7 +501,7 @@ def child_main(spec: dict, out: str) -> int:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
                        "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe,
                        "scheduling": scheduling, "decisions": decisions}, f)
-    from pushpull.torch import allreduce
+    from pushpull.torch import allreduce_backend as allreduce
 
     allreduce.shutdown()  # also where auto joined the all-reduce group from a PS job
     bps.shutdown()

@@ -189,7 +189,7 @@ def child_main(args) -> int:
                        "t_comp": t_comp, "info": info, "plans": plans, "workers": bps.size(),
                        "servers": bps.config().num_server, "backend": bps.config().backend}, f)
     if bps.config().backend == "allreduce":
-        from pushpull.torch import allreduce
+        from pushpull.torch import allreduce_backend as allreduce
 
         allreduce.shutdown()
     bps.shutdown()

@@ -12,11 +12,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pushpull.server.reduce import WIRE_NP, Accumulator
+from pushpull.server.reduce import WIRE_NP, Accumulator, Concat
+from pushpull.transport.protocol import describe_sig
 
 
 class RoundError(ValueError):
     pass
+
+
+class Disagreement(RoundError):
+    """The workers gave different round signatures (root, dtype, average, ...): the round is failed
+    for every rank, those waiting on it included (``slot.waiting``)."""
+
+    def __init__(self, text: str, slot: "Slot"):
+        super().__init__(text)
+        self.slot = slot
+
+
+def _disagreement(name: str, sigs: dict) -> str:
+    fields = {r: describe_sig(s) for r, s in sigs.items()}
+    parts = []
+    for what in next(iter(fields.values())):
+        values: dict = {}
+        for r in sorted(fields):
+            values.setdefault(str(fields[r][what]), []).append(r)
+        if len(values) > 1:
+            parts.append(f"{what}: " + ", ".join(f"rank(s) {rs} gave {v}" for v, rs in values.items()))
+    return f"tensor {name!r}: the workers disagree on " + "; ".join(parts)
 
 
 @dataclass
@@ -26,7 +48,9 @@ class Slot:
     pulled: set = field(default_factory=set)
     asked: set = field(default_factory=set)  # ranks that pulled this round, answered or waiting
     waiting: list = field(default_factory=list)  # (identity, rank, req_id) pulls before the round completed
-    acc: Accumulator | None = None
+    acc: Accumulator | Concat | None = None
+    sigs: dict = field(default_factory=dict)  # rank -> the round signature it pushed
+    error: str | None = None  # the workers disagreed: every push and pull of the round gets this
     out: object = None  # the payload answered to pulls (ndarray or bytes)
     wire: object = None  # ``out`` as one frame shared by every pull answer (made on the first)
     ready: bool = False
@@ -44,6 +68,8 @@ class KeyState:
     slots: list = field(default_factory=lambda: [Slot(), Slot()])
     store: np.ndarray | None = None  # async mode: the parameters
     inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
+    op: str = "sum"  # sum | min | max | product | concat
+    readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
     wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
 
     def __post_init__(self) -> None:
@@ -72,18 +98,29 @@ class KeyState:
             slot.ready = False
             slot.out = None
             slot.wire = None
+            slot.sigs.clear()
+            slot.error = None
             if slot.acc is None:
-                slot.acc = Accumulator(self.dtype, self.numel)
+                slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(self.dtype, self.numel, self.op)
             return slot
         missing = sorted(set(range(self.num_workers)) - slot.pulled)
         raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} while round {slot.round} "
                          f"has not been pulled by rank(s) {missing}")
 
-    def push(self, rnd: int, rank: int, data: np.ndarray) -> Slot | None:
-        """Add one worker's push; returns the slot when the round just completed."""
+    def push(self, rnd: int, rank: int, data: np.ndarray, sig: int = 0, offset: int = 0) -> Slot | None:
+        """Add one worker's push; returns the slot when the round just completed. Raises
+        :class:`Disagreement` when its round signature differs from the others'."""
         slot = self._slot_for_push(rnd, rank)
+        if slot.error is not None:
+            raise Disagreement(slot.error, slot)
+        if slot.sigs and sig not in slot.sigs.values():
+            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig})
+            raise Disagreement(slot.error, slot)
+        slot.sigs[rank] = sig
         assert slot.acc is not None
-        if not slot.pushed:
+        if self.op == "concat":
+            slot.acc.put(data, offset)
+        elif not slot.pushed:
             slot.acc.first(data)
         else:
             slot.acc.add(data)
@@ -99,6 +136,8 @@ class KeyState:
         slot = self.slots[rnd % 2]
         if slot.round != rnd:
             raise RoundError(f"tensor {self.name!r}: rank {rank} pulled round {rnd} before pushing it")
+        if slot.error is not None:
+            raise Disagreement(slot.error, slot)
         if rank in slot.asked:
             raise RoundError(f"tensor {self.name!r} round {rnd}: rank {rank} pulled twice")
         slot.asked.add(rank)

@@ -1,4 +1,4 @@
-"""Dtype-aware summation into an accumulator, in NumPy (the GIL is released
+"""Dtype-aware reduction (sum, min, max, product) into an accumulator, in NumPy (the GIL is released
 for large arrays, so several engine threads really sum in parallel).
 
 Half-precision pushes are accumulated in float32 and rounded once at the end:
@@ -36,20 +36,24 @@ def f32_to_bf16(f: np.ndarray) -> np.ndarray:
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
-class Accumulator:
-    """Sum of the pushes of one round for one key.
+_UFUNC = {"sum": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}
 
-    When the sum keeps the wire dtype, the first push is only remembered (a
-    view of the received frame) and the second is added to it straight into
+
+class Accumulator:
+    """The reduction of the pushes of one round for one key: a sum (or min, max, product: ``op``).
+
+    When the result keeps the wire dtype, the first push is only remembered (a
+    view of the received frame) and the second is combined with it straight into
     the accumulator: one pass over the data fewer than copying the first push
     in. With one worker the first push is the result.
     """
 
-    def __init__(self, dtype: str, numel: int):
+    def __init__(self, dtype: str, numel: int, op: str = "sum"):
         self.dtype = dtype
         self.acc = np.empty(numel, dtype=ACC_NP[dtype])
         self._same = ACC_NP[dtype] is WIRE_NP[dtype]
-        self._held: np.ndarray | None = None  # the first push, not yet added
+        self._held: np.ndarray | None = None  # the first push, not yet combined
+        self._ufunc = _UFUNC[op]
 
     def first(self, data: np.ndarray) -> None:
         self._held = data if self._same else None
@@ -63,14 +67,14 @@ class Accumulator:
     def add(self, data: np.ndarray) -> None:
         if self._held is not None:
             held, self._held = self._held, None
-            np.add(held, data, out=self.acc, casting="unsafe")
+            self._ufunc(held, data, out=self.acc, casting="unsafe")
         elif self.dtype == "bfloat16":
-            np.add(self.acc, bf16_to_f32(data), out=self.acc)
+            self._ufunc(self.acc, bf16_to_f32(data), out=self.acc)
         else:
-            np.add(self.acc, data, out=self.acc, casting="unsafe")
+            self._ufunc(self.acc, data, out=self.acc, casting="unsafe")
 
     def result(self) -> np.ndarray:
-        """The sum in the wire dtype (shares memory with the accumulator, or with the
+        """The result in the wire dtype (shares memory with the accumulator, or with the
         only push, when it can)."""
         if self._held is not None:
             held, self._held = self._held, None
@@ -79,4 +83,18 @@ class Accumulator:
             return f32_to_bf16(self.acc)
         if self.dtype == "float16":
             return self.acc.astype(np.float16)
+        return self.acc
+
+
+class Concat:
+    """A concat key's round: each rank writes its bytes at the offset it was given (allgather,
+    alltoall); the workers agreed the offsets before, so the slices do not overlap."""
+
+    def __init__(self, numel: int):
+        self.acc = np.zeros(numel, dtype=np.uint8)
+
+    def put(self, data: np.ndarray, offset: int) -> None:
+        self.acc[offset:offset + len(data)] = data
+
+    def result(self) -> np.ndarray:
         return self.acc

@@ -21,7 +21,7 @@ from pushpull.cluster import nodes
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError, Member
 from pushpull.config import Config
-from pushpull.server.keystate import KeyState, RoundError
+from pushpull.server.keystate import Disagreement, KeyState, RoundError
 from pushpull.server.reduce import wire_view
 from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, dtype_name, encode_json,
@@ -179,10 +179,16 @@ class Server:
         req = decode_json(msg.body())
         rank = h.sender
         decl = {"name": str(req.get("name")), "numel": int(h.numel), "dtype": dtype_name(h.dtype),
-                "compression": req.get("compression")}
+                "compression": req.get("compression"), "op": str(req.get("op") or "sum"),
+                "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta")}
+        if decl["op"] not in ("sum", "min", "max", "product", "concat") or (
+                decl["readers"] is not None and not all(isinstance(r, int) for r in decl["readers"])):
+            self._error(identity, h.key, f"tensor {decl['name']!r}: op {decl['op']!r} / readers "
+                                         f"{decl['readers']!r} not understood", h.req_id)
+            return
         ks = self.keys.get(h.key)
         if ks is not None:  # already initialised: a consistent re-init is answered at once
-            if (ks.name, ks.numel, ks.dtype) == (decl["name"], decl["numel"], decl["dtype"]):
+            if (ks.name, ks.numel, ks.dtype, ks.op) == (decl["name"], decl["numel"], decl["dtype"], decl["op"]):
                 self._reply(identity, Header(MsgType.INIT_ACK, key=h.key, req_id=h.req_id))
             else:
                 self._error(identity, h.key, f"tensor {decl['name']!r} re-declared by rank {rank} as "
@@ -201,6 +207,13 @@ class Server:
         variants: dict[str, list[int]] = {}
         for r, (_, _, d) in sorted(pend["by"].items()):
             sig = f"{d['dtype']}[{d['numel']}] compression={d['compression']}"
+            sig += f" op={d['op']}"
+            if d["kind"] not in (None, "allreduce"):
+                sig += f" ({d['kind']})"
+            if d["readers"] is not None:
+                sig += f" received by {d['readers']}"
+            for k, v in sorted((d["meta"] or {}).items()):
+                sig += f" {k}={v}"
             variants.setdefault(sig, []).append(r)
         if len(variants) > 1:
             detail = "; ".join(f"rank(s) {rs}: {sig}" for sig, rs in variants.items())
@@ -210,6 +223,13 @@ class Server:
             return
         ks = KeyState(h.key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
         ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
+        ks.op = decl["op"]
+        ks.readers = frozenset(decl["readers"]) if decl["readers"] is not None else None
+        if self.cfg.enable_async and ks.op != "sum":
+            for ident, req_id, _ in pend["by"].values():
+                self._error(ident, h.key, f"tensor {decl['name']!r}: BYTEPS_ENABLE_ASYNC only sums ({ks.op} "
+                                          f"asked)", req_id)
+            return
         if decl["compression"]:
             try:
                 from pushpull.server.codec import ServerCodec
@@ -297,6 +317,11 @@ class Server:
     def _decode_push(self, msg: Msg, ks: KeyState) -> np.ndarray:
         h = msg.header
         buf = msg.body_view()
+        if ks.op == "concat":  # a slice: its bytes go at the offset in ``extra``
+            if dtype_name(h.dtype) != "uint8" or len(buf) != h.numel or h.extra + len(buf) > ks.numel:
+                raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {len(buf)} bytes at offset "
+                                    f"{h.extra} of a {ks.numel}-byte concat key")
+            return np.frombuffer(buf, dtype=np.uint8)
         if h.flags & Flags.COMPRESSED:
             if ks.codec is None:
                 raise ProtocolError(f"tensor {ks.name!r}: compressed push but no compression was declared")
@@ -314,7 +339,14 @@ class Server:
     def _push(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
         data = self._decode_push(msg, ks)
-        done = ks.push(h.round, h.sender, data)
+        try:
+            done = ks.push(h.round, h.sender, data, h.req_id, h.extra if ks.op == "concat" else 0)
+        except Disagreement as e:  # every rank of the round gets the error, those already waiting too
+            for ident, _, req_id in e.slot.waiting:
+                self._error(ident, h.key, str(e), req_id)
+            e.slot.waiting.clear()
+            self._error(identity, h.key, str(e), h.req_id)
+            return
         if self.trace is not None:
             self.trace.push(ks.name, h.key, h.round, h.sender, getattr(msg, "t_arrival", time.perf_counter()),
                             done is not None)
@@ -337,6 +369,10 @@ class Server:
 
     def _answer_pull(self, identity, rank, req_id, key, rnd, ks: KeyState, slot) -> None:
         slot.pulled.add(rank)
+        if ks.readers is not None and rank not in ks.readers:  # it only contributed: the round is complete
+            self._reply(identity, Header(MsgType.PULL_RESP, key=key, round=rnd, req_id=req_id,
+                                         dtype=dtype_code(ks.dtype), numel=0, nbytes=0), [b""])
+            return
         if slot.wire is None:
             slot.wire = self.van.shared_frame(slot.out)
         compressed = ks.codec is not None

@@ -1,27 +1,66 @@
-"""``Compression.none`` / ``Compression.fp16`` as in Horovod and BytePS, plus
-any compressor of :mod:`pushpull.compression` by spec.
+"""``Compression.none`` / ``Compression.fp16`` as in Horovod and BytePS, any compressor of
+:mod:`pushpull.compression` by spec, and Horovod-style compressors of your own.
 
-A compression object carries a JSON-able ``spec``; the worker compresses each
-partition before the push and the server decompresses, sums and compresses the
-sum again (BytePS semantics), so the spec travels to the server in the INIT.
+Two kinds of compressor:
+
+* *wire* compressors (``Compression.none``, ``Compression.fp16``, ``Compression.build(...)``) carry a
+  JSON-able ``spec``: the worker compresses each partition before the push and the server decompresses,
+  sums and compresses the sum again (BytePS semantics), so the spec travels to the server in the INIT.
+* Horovod's interface: a class (or object) with ``compress(tensor) -> (tensor, ctx)`` and
+  ``decompress(tensor, ctx) -> tensor``, usually a subclass of :class:`Compressor` with static methods.
+  These run on the worker around the reduction, so the servers reduce the compressed tensors (Horovod's
+  semantics: the compressed tensor must have a dtype the servers can sum).
 """
 from __future__ import annotations
 
+import torch
+
 
 class Compressor:
+    """Horovod's compressor interface. Subclass it and override the two static methods to compress on the
+    worker; instances built from a ``spec`` are pushpull's wire compressors."""
+
+    spec: dict | None = None
+    wire = False  # True: the engine and the servers apply ``spec``; compress/decompress are not called
+
     def __init__(self, spec: dict | None, name: str):
         self.spec = spec
         self.name = name
+        self.wire = True
 
     def __repr__(self) -> str:
         return f"Compression.{self.name}"
+
+    @staticmethod
+    def compress(tensor: torch.Tensor):
+        """Returns the tensor to reduce and a context for :meth:`decompress`."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx) -> torch.Tensor:
+        return tensor
+
+
+class _FP16(Compressor):
+    """Wire fp16 (the servers sum in fp32); called directly it casts as Horovod's FP16Compressor does."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx) -> torch.Tensor:
+        return tensor.to(ctx) if ctx is not None and ctx.is_floating_point else tensor
 
 
 class Compression:
     """Namespace of ready-made compressions (Horovod-compatible names)."""
 
+    Compressor = Compressor
     none = Compressor(None, "none")
-    fp16 = Compressor({"compressor": "fp16"}, "fp16")
+    fp16 = _FP16({"compressor": "fp16"}, "fp16")
 
     @staticmethod
     def build(compressor: str, **kwargs) -> Compressor:

@@ -75,7 +75,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if (self.broadcast_buffers and self.training and torch.is_grad_enabled() and _distributed()):
-            bufs = [(self._prefix + "buf." + n, b) for n, b in self.module.named_buffers()]
+            bufs = [(ops.key_name("broadcast", self._prefix + "buf." + n), b)
+                    for n, b in self.module.named_buffers()]
             if bufs:
                 _broadcast_many(bufs, self.root_rank)
         return self.module(*args, **kwargs)
@@ -101,9 +102,8 @@ class DistributedDataParallel(torch.nn.Module):
     def _submit(self, p: torch.nn.Parameter) -> None:
         if p in self._handles:
             raise RuntimeError(f"gradient of {self._names[p]!r} is already being reduced")
-        self._handles[p] = ops.push_pull_async_inplace(
-            p.grad, average=True, name=self._prefix + self._names[p], priority=self._priority[p],
-            compression=self._compression)
+        key = ops.key_name(ops.GRADIENT, self._prefix + self._names[p])
+        self._handles[p] = ops.submit_key(p.grad, p.grad, True, key, self._priority[p], self._compression)
 
     def _on_backward_end(self) -> None:
         """End of backward: reduce parameters that got no gradient here (zeros, so that the
@@ -234,8 +234,7 @@ def ddp_comm_hook(state, bucket) -> torch.futures.Future:
     name = f"{prefix}.bucket{bucket.index()}.n{buf.numel()}"
     fut: torch.futures.Future = torch.futures.Future()
     # buckets nearer the input have larger indices and are the most urgent
-    hid = ops.push_pull_async_inplace(buf, average=True, name=name, priority=bucket.index(),
-                                      compression=compression)
+    hid = ops.submit_key(buf, buf, True, ops.key_name(ops.GRADIENT, name), bucket.index(), compression)
     pending = _Pending(hid, buf, fut, name, timeout)
     with ops._state.lock:
         handle = ops._state.handles.get(hid)

@@ -13,7 +13,6 @@ waiting forever.
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import zlib
 from typing import Iterable
@@ -21,12 +20,16 @@ from typing import Iterable
 import torch
 
 from pushpull.torch import ops
+from pushpull.transport.protocol import round_sig
+from pushpull.worker.engine import KeySpec
 
 __all__ = ["broadcast", "broadcast_", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "BroadcastError"]
 
 # same-size integer dtype that carries a tensor's bits exactly through a sum with zeros
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+KIND = "broadcast"
+_SPEC = KeySpec(kind=KIND)
 
 
 class BroadcastError(RuntimeError):
@@ -60,19 +63,26 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _start(tensor: torch.Tensor, root_rank: int, name: str):
-    """Start broadcasting ``tensor`` (root's value wins); returns what :func:`_finish` needs."""
+    """Start broadcasting ``tensor`` (root's value wins) under the server-side name ``name``; returns
+    what :func:`_finish` needs. Every rank's push carries its root_rank and dtype (the round signature),
+    so ranks that disagree on either all fail, told who gave what, instead of summing different bits."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"broadcast of {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+    sig = round_sig(root=root_rank, dtype=str(tensor.dtype).replace("torch.", ""))
     if ops.rank() == root_rank:
         # root: push a view of its bits; the pulled sum goes to a new tensor, the root's is untouched
-        return ops.push_pull_async(_bits(tensor), average=False, name=name), None
+        return ops.submit_key(_bits(tensor), None, False, name, spec=_SPEC, sig=sig), None
     zeros = torch.zeros_like(_bits(tensor), memory_format=torch.contiguous_format)
-    return ops.push_pull_async_inplace(zeros, average=False, name=name), (tensor, zeros)
+    return ops.submit_key(zeros, zeros, False, name, spec=_SPEC, sig=sig), (tensor, zeros)
 
 
 def _finish(started) -> None:
-    handle, dest = started
-    out = ops.synchronize(handle)
+    _finish_output(started, ops.synchronize(started[0]))
+
+
+def _finish_output(started, out) -> None:
+    """Write the pulled bits into the destination (not on the root, whose tensor is never written)."""
+    _, dest = started
     if dest is None:
         return
     tensor, bits = dest
@@ -102,22 +112,67 @@ def _broadcast_many(tensors: Iterable[tuple[str, torch.Tensor]], root_rank: int)
         raise first_error
 
 
-_unnamed = itertools.count()
-
-
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    """Horovod's ``broadcast_``: overwrite ``tensor`` with ``root_rank``'s, in place; returns it.
-    Unnamed calls are numbered, so every rank must make them in the same order."""
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set=None) -> int:
+    """Horovod's ``broadcast_async_``: start overwriting ``tensor`` with ``root_rank``'s; ``synchronize``
+    returns it. Its name on the servers is ``broadcast.<name>`` (unnamed calls are numbered, so every rank
+    must make them in the same order)."""
     ops._need_init()
+    _check_global(process_set)
     _check_root(root_rank)
-    if _distributed():
-        _broadcast_many([(name or f"broadcast.noname.{next(_unnamed)}", tensor)], root_rank)
-    return tensor
+    key = ops.key_name(KIND, name, ops.like(tensor) if name is None else "")
+    if not _distributed():
+        return ops.register_pending(key, [], lambda outs: tensor)
+    started = _start(tensor, root_rank, key)
+
+    def finish(outs):
+        _finish_output(started, outs[0])
+        return tensor
+    return ops.register_pending(key, [started[0]], finish)
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    """Horovod's ``broadcast``: a new tensor holding ``root_rank``'s value (``tensor`` is untouched)."""
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set=None) -> int:
+    """Horovod's ``broadcast_async``: ``synchronize`` returns a new tensor holding root's value."""
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set=None) -> torch.Tensor:
+    """Horovod's ``broadcast_``: overwrite ``tensor`` with ``root_rank``'s, in place; returns it."""
+    return ops.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    """Differentiable broadcast: every rank's output is the root's input, so the root's gradient is the
+    sum of every rank's upstream gradient, and the others' is zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        ctx.name = name
+        return broadcast_(tensor.detach().clone(), root_rank, name)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        key = ops.key_name(ops.KIND, f"{ctx.name}.grad" if ctx.name else None, ops.like(grad_output))
+        grad = ops.reduce_now(grad_output.contiguous(), None, False, key, sig=round_sig(average=False))
+        if ops.rank() != ctx.root_rank:
+            grad = torch.zeros_like(grad)
+        return grad, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set=None) -> torch.Tensor:
+    """Horovod's ``broadcast``: a new tensor holding ``root_rank``'s value (``tensor`` is untouched);
+    differentiable: the root's input gets the sum of every rank's gradient (Horovod 0.21+ averages)."""
+    _check_global(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Broadcast.apply(tensor, root_rank, name)
     return broadcast_(tensor.detach().clone(), root_rank, name)
+
+
+def _check_global(process_set) -> None:
+    if process_set is not None and not getattr(process_set, "is_global", False):
+        raise NotImplementedError("process sets are not supported by pushpull: every collective runs over all "
+                                  "workers (pass no process_set, or global_process_set)")
 
 
 def _agree(ok: bool, what: str, detail: str, name: str) -> None:
@@ -126,7 +181,8 @@ def _agree(ok: bool, what: str, detail: str, name: str) -> None:
     flags = torch.zeros(n, dtype=torch.int32)
     if not ok:
         flags[ops.rank()] = 1
-    flags = ops.push_pull(flags, average=False, name=f"{name}.n{n}")  # one flag per rank: the size is in the name
+    # one flag per rank: the size is in the name
+    flags = ops.reduce_now(flags, None, False, f"{name}.n{n}", sig=round_sig(average=False))
     bad = [r for r in range(n) if flags[r].item()]
     if bad:
         mine = f"; this rank ({ops.rank()}): {detail}" if not ok else ""
@@ -162,25 +218,26 @@ def _items(params) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def broadcast_parameters(params, root_rank: int, prefix: str = "broadcast.") -> None:
+def broadcast_parameters(params, root_rank: int, prefix: str = "parameters.") -> None:
     """Set every rank's tensors to ``root_rank``'s, in place.
 
     ``params``: a ``state_dict()`` (parameters and buffers) or an iterable of
     ``(name, tensor)`` such as ``model.named_parameters()``. CPU and GPU
     tensors of any dtype; the root's tensors are left bit-identical. The names
-    (with ``prefix``) key the transfer, so every rank must pass the same set.
+    key the transfer (``broadcast.<prefix><name>`` on the servers), so every rank must pass the same set.
     """
     ops._need_init()
     _check_root(root_rank)
     items = _items(params)
     if not _distributed():
         return
+    base = f"{KIND}.{prefix}"
     fp = torch.tensor([_fingerprint(items)], dtype=torch.int64)
     got = fp.clone()
-    _broadcast_many([(prefix + "__fingerprint__", got)], root_rank)
+    _broadcast_many([(base + "__fingerprint__", got)], root_rank)
     _agree(bool(got.item() == fp.item()), "the set of tensors to broadcast (names, dtypes, shapes)",
-           f"{len(items)} tensors: {[n for n, _ in items[:5]]}...", prefix + "__agree__")
-    _broadcast_many([(prefix + n, t) for n, t in items], root_rank)
+           f"{len(items)} tensors: {[n for n, _ in items[:5]]}...", base + "__agree__")
+    _broadcast_many([(base + n, t) for n, t in items], root_rank)
 
 
 # ------------------------------------------------------------------ objects --
@@ -257,9 +314,9 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pic
     _check_root(root_rank)
     if not _distributed():
         return obj
-    name = name or "broadcast_object"
+    name = name or "object"
     data = _encode(obj, allow_pickle=True) if ops.rank() == root_rank else None
-    out = _broadcast_bytes(data, root_rank, "pushpull.obj." + name)
+    out = _broadcast_bytes(data, root_rank, f"{KIND}.{name}")
     if ops.rank() == root_rank:
         return obj
     if allow_pickle is None:
@@ -292,7 +349,7 @@ def _layout(sd: dict) -> dict:
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
-                              prefix: str = "broadcast.opt.") -> None:
+                              prefix: str = "optimizer.") -> None:
     """Make every rank's optimizer state and hyperparameters equal to ``root_rank``'s.
 
     Works with CPU and GPU tensors, scalar entries such as ``step`` (tensor or
@@ -311,6 +368,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     if not _distributed():
         return
     is_root = ops.rank() == root_rank
+    prefix = f"{KIND}.{prefix}"
     sd = optimizer.state_dict()
     layout = _layout(sd) if is_root else None
     data = _broadcast_bytes(_encode(layout, allow_pickle=True) if is_root else None, root_rank, prefix + "layout")

@@ -17,10 +17,13 @@ import torch
 
 from pushpull.config import Config, load_config, python_log_level, worker_identity
 from pushpull.worker import trace as _trace
-from pushpull.worker.engine import SUPPORTED, Engine
+from pushpull.transport.protocol import round_sig
+from pushpull.worker.engine import PLAIN, SUPPORTED, Engine, KeySpec
 from pushpull.worker.handle import Handle, PushPullError
 
 log = logging.getLogger("pushpull")
+KIND = "allreduce"  # the name space of user reductions: push_pull, allreduce, grouped_allreduce
+GRADIENT = "Gradient"  # DistributedOptimizer's, DistributedDataParallel's and the DDP comm hook's gradients
 
 
 class _State:
@@ -33,7 +36,9 @@ class _State:
         self.local_size = 1
         self.handles: dict[int, Handle] = {}
         self.ids = itertools.count(1)
-        self.noname = itertools.count()
+        self.noname_busy: dict[tuple, set] = {}  # (kind, signature) -> slots of unnamed calls not yet synchronized
+        self.noname_keys: dict[str, tuple] = {}  # an unnamed call's key -> (kind, signature, slot)
+        self.parked: Engine | None = None  # the engine after shutdown(): init() takes it up again
         self.lock = threading.Lock()
         self.local_names: set[str] = set()  # single-process mode: names not yet synchronized
         self.crashed = False  # an uncaught exception is on its way out
@@ -64,6 +69,14 @@ def init(config: Config | None = None) -> None:
     """
     if _state.cfg is not None:
         return
+    _state.noname_busy.clear()  # unnamed calls are numbered from 0 again, on every rank alike
+    _state.noname_keys.clear()
+    if _state.parked is not None and config is None:
+        _state.engine, _state.parked = _state.parked, None  # init() after shutdown(): the same membership
+        _state.cfg = _state.engine.cfg
+        _state.rank, _state.size = _state.engine.rank, _state.engine.size
+        _trace.install(_state.cfg, _state.rank, _state.engine)
+        return
     if config is None:
         from pushpull.launch import torchrun
 
@@ -83,7 +96,7 @@ def init(config: Config | None = None) -> None:
         engine.on_reset.append(_on_workers_changed)
         engine.start()
         _state.engine = engine
-        atexit.register(shutdown)
+        atexit.register(_leave)
         _watch_uncaught()
     _state.cfg = cfg
     _trace.install(cfg, ident.rank, _state.engine)
@@ -108,7 +121,9 @@ def _watch_uncaught() -> None:
 
 
 def shutdown() -> None:
-    """Leave the cluster: waits until every worker is done, then servers exit."""
+    """Stop using pushpull in this process: collectives raise until ``init()`` is called again (Horovod's
+    re-init). The process stays a member of the job until it exits: the job's servers serve until every
+    worker has left, and a worker that left cannot join again."""
     eng = _state.engine
     _state.engine = None
     _trace.uninstall()
@@ -116,9 +131,20 @@ def shutdown() -> None:
         if _state.crashed:
             eng.stop()  # crashed: exit now and let the launcher stop the job
         else:
-            eng.shutdown()
+            _state.parked = eng
     _state.cfg = None
     _state.handles.clear()
+
+
+def _leave() -> None:
+    """Leave the job now (at exit): waits until every worker is done, then servers exit."""
+    shutdown()
+    eng, _state.parked = _state.parked, None
+    if eng is not None:
+        if _state.crashed:
+            eng.stop()
+        else:
+            eng.shutdown()
 
 
 def is_initialized() -> bool:
@@ -150,15 +176,88 @@ def engine() -> Engine | None:
     return _need_init().engine
 
 
-def _name(name: str | None) -> str:
-    return name if name is not None else f"push_pull.noname.{next(_state.noname)}"
+def key_name(kind: str, name: str | None, like: str = "") -> str:
+    """The name a tensor of operation ``kind`` has on the servers: ``<kind>.<name>``. Kinds never share a
+    key: a gradient, a broadcast and a user's allreduce called ``fc.weight`` are three tensors.
+
+    Unnamed calls get ``<kind>.noname.<like>.<slot>``: ``like`` says what the call moves (dtype, shape, op)
+    and ``slot`` is the lowest one not held by an earlier unnamed call of the same kind and ``like`` that
+    was not synchronized yet. So names depend only on the program's order of calls and synchronizes (the
+    same on every rank, as Horovod requires of unnamed calls), and a loop of unnamed blocking calls (a metric
+    average per batch) reuses one key instead of declaring a new one on the servers every step."""
+    if name is not None:
+        return f"{kind}.{name}"
+    with _state.lock:
+        busy = _state.noname_busy.setdefault((kind, like), set())
+        slot = 0
+        while slot in busy:
+            slot += 1
+        busy.add(slot)
+        key = f"{kind}.noname.{like + '.' if like else ''}{slot}"
+        _state.noname_keys[key] = (kind, like, slot)
+    return key
 
 
-def _register(h: Handle) -> int:
+def like(tensor: torch.Tensor, op: str = "sum") -> str:
+    """What an unnamed call moves, for :func:`key_name`: dtype, shape, and the op when not a sum."""
+    text = f"{str(tensor.dtype).replace('torch.', '')}[{','.join(map(str, tensor.shape))}]"
+    return text if op == "sum" else f"{text}.{op}"
+
+
+def release_key(key: str) -> None:
+    """An unnamed call's result was handed over: its slot is free for the next unnamed call."""
+    if key.endswith(_state.name_suffix) and _state.name_suffix:
+        key = key[:-len(_state.name_suffix)]
+    with _state.lock:
+        held = _state.noname_keys.pop(key, None)
+        if held is not None:
+            _state.noname_busy.get(held[:2], set()).discard(held[2])
+
+
+def _register(h) -> int:
     with _state.lock:
         hid = next(_state.ids)
         _state.handles[hid] = h
     return hid
+
+
+class Pending:
+    """An operation made of several engine handles and a last step (decompress, scale, write back,
+    reassemble), run by :func:`synchronize`; it quacks like a :class:`Handle`."""
+
+    __slots__ = ("name", "parts", "finish")
+
+    def __init__(self, name: str, parts: list, finish):
+        self.name = name
+        self.parts = parts
+        self.finish = finish  # fn(list of the parts' outputs) -> the result
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.parts)
+
+    def _collect(self, wait):
+        outs, error = [], None
+        for h in self.parts:  # wait for all, even after a failure, so none is left behind
+            try:
+                outs.append(wait(h))
+            except Exception as e:  # noqa: BLE001
+                error = error or e
+        if error is not None:
+            raise error
+        return self.finish(outs)
+
+    def wait(self, timeout: float):
+        return self._collect(lambda h: h.wait(timeout))
+
+    def wait_alive(self, timeout: float, failure, op: str = "push_pull"):
+        return self._collect(lambda h: h.wait_alive(timeout, failure, op))
+
+
+def register_pending(name: str, handles: list[int], finish) -> int:
+    """One handle for several started operations (their handles are taken over) and a last step."""
+    with _state.lock:
+        parts = [_state.handles.pop(h) for h in handles]
+    return _register(Pending(name, parts, finish))
 
 
 def _compression_spec(compression) -> dict | None:
@@ -168,39 +267,82 @@ def _compression_spec(compression) -> dict | None:
     return spec or None
 
 
-def _submit(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, name: str | None,
-            priority: int, compression) -> int:
+def _custom(compression):
+    """A Horovod-style compressor (``compress``/``decompress``, no wire spec), applied on this worker."""
+    if compression is None or isinstance(compression, dict) or getattr(compression, "wire", False):
+        return None
+    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"compression={compression!r} is neither a pushpull compression (Compression.none, "
+                        f"Compression.fp16, Compression.build(...)) nor a Horovod-style compressor with "
+                        f"compress(tensor) -> (tensor, ctx) and decompress(tensor, ctx) -> tensor")
+    return compression
+
+
+def _submit_local(tensor, output, key: str, spec: KeySpec, offset: int) -> Handle:
+    """Single-process mode: the result of any collective over one worker, made here."""
+    st = _state
+    if tensor.dtype not in SUPPORTED:
+        raise TypeError(f"push_pull of tensor {key!r}: dtype {tensor.dtype} is not supported")
+    with st.lock:
+        if key in st.local_names:
+            raise ValueError(f"a push_pull of tensor {key!r} is already in flight; wait for it before "
+                             f"starting another with the same name")
+        st.local_names.add(key)
+    h = Handle(key, None)
+    if spec.readers is not None and 0 not in spec.readers:
+        h.output = None
+    elif spec.op == "concat":
+        h.output = output if output is not None else torch.zeros(spec.numel, dtype=torch.uint8)
+        h.output[offset:offset + tensor.numel()] = tensor.detach().reshape(-1)
+    elif output is None:
+        h.output = tensor.detach().clone()
+    else:
+        if output.data_ptr() != tensor.data_ptr():
+            output.copy_(tensor.detach())
+        h.output = output
+    h.complete()
+    return h
+
+
+def submit_key(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, key: str, priority: int = 0,
+               compression=None, spec: KeySpec = PLAIN, sig: int = 0, offset: int = 0) -> int:
+    """Start one collective on the server-side name ``key`` (no name space added); returns a handle.
+    The building block of every public call (see :class:`pushpull.worker.engine.KeySpec`)."""
     st = _need_init()
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"push_pull expects a torch.Tensor, got {type(tensor).__name__}")
-    name = _name(name) + st.name_suffix
+        raise TypeError(f"{spec.kind} of {key!r} expects a torch.Tensor, got {type(tensor).__name__}")
+    key = key + st.name_suffix
+    custom = _custom(compression)
+    if custom is not None:  # Horovod's way: reduce the compressed tensor, then decompress the result
+        compressed, ctx = custom.compress(tensor.detach())
+        inner = submit_key(compressed, None, average, key, priority, None, spec, sig, offset)
+
+        def finish(outs, output=output, ctx=ctx):
+            result = custom.decompress(outs[0], ctx)
+            if output is None:
+                return result
+            output.copy_(result)
+            return output
+        return register_pending(key, [inner], finish)
     if st.engine is None:
-        if tensor.dtype not in SUPPORTED:
-            raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported")
-        with st.lock:
-            if name in st.local_names:
-                raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
-                                 f"starting another with the same name")
-            st.local_names.add(name)
-        h = Handle(name, None)
-        if output is None:
-            h.output = tensor.detach().clone()
-        else:
-            if output.data_ptr() != tensor.data_ptr():
-                output.copy_(tensor.detach())
-            h.output = output
-        h.complete()
-        return _register(h)
-    return _register(st.engine.submit(tensor, output, name, average, priority, _compression_spec(compression)))
+        return _register(_submit_local(tensor, output, key, spec, offset))
+    return _register(st.engine.submit(tensor, output, key, average, priority, _compression_spec(compression),
+                                      spec, sig, offset))
+
+
+def _submit(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, name: str | None,
+            priority: int, compression) -> int:
+    key = key_name(KIND, name, like(tensor) if name is None and isinstance(tensor, torch.Tensor) else "")
+    return submit_key(tensor, output, average, key, priority, compression, sig=round_sig(average=average))
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
                     priority: int = 0, compression=None) -> int:
     """Start summing (or averaging) ``tensor`` over all workers into a new tensor; returns a handle.
 
-    ``priority``: larger is more urgent. Integer averages are the sum divided by
-    the number of workers, rounded toward zero (as C integer division).
-    """
+    ``priority``: larger is more urgent. Integer averages are the sum divided by the number of workers,
+    rounded toward zero (as C integer division). Its name on the servers is ``allreduce.<name>``
+    (Horovod's allreduce shares the name space: both are user reductions)."""
     return _submit(tensor, None, average, name, priority, compression)
 
 
@@ -227,37 +369,48 @@ def synchronize(handle: int, timeout: float | None = None) -> torch.Tensor:
     eng = _state.engine
     if eng is None:
         with _state.lock:
-            _state.local_names.discard(h.name)
-        return h.wait(0.0)
-    tr = _trace.current
-    if tr is not None and not h.done():
-        with tr.span("wait", f"wait {h.name}", cat="wait"):
-            return eng.wait(h, timeout)
-    return eng.wait(h, timeout)
+            for part in getattr(h, "parts", (h,)):
+                _state.local_names.discard(part.name)
+        out = h.wait(0.0)
+    else:
+        tr = _trace.current
+        if tr is not None and not h.done():
+            with tr.span("wait", f"wait {h.name}", cat="wait"):
+                out = eng.wait(h, timeout)
+        else:
+            out = eng.wait(h, timeout)
+    if _state.noname_keys:  # a failed unnamed key keeps its slot: the next call takes another key
+        release_key(h.name)
+    return out
 
 
-def _direct(tensor, output, average: bool, name: str | None, compression) -> torch.Tensor | None:
-    """The engine's caller-thread path for a small blocking call (None: take the usual one)."""
-    st = _state
-    if st.engine is None or name is None or compression is not None or not isinstance(tensor, torch.Tensor):
-        return None
-    return st.engine.push_pull_now(tensor, output, name + st.name_suffix, average)
+def reduce_now(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, key: str, compression=None,
+               spec: KeySpec = PLAIN, sig: int = 0) -> torch.Tensor:
+    """A blocking reduction of ``key``: on the caller's thread when the engine can (small, ready, plain;
+    the server still checks ``sig``), else through the engine."""
+    st = _need_init()
+    if (st.engine is not None and compression is None and isinstance(tensor, torch.Tensor)
+            and spec.op != "concat" and spec.readers is None):
+        out = st.engine.push_pull_now(tensor, output, key + st.name_suffix, average, sig, spec)
+        if out is not None:
+            release_key(key)
+            return out
+    return synchronize(submit_key(tensor, output, average, key, 0, compression, spec, sig))
+
+
+def _user_key(name: str | None, tensor) -> str:
+    return key_name(KIND, name, like(tensor) if name is None and isinstance(tensor, torch.Tensor) else "")
 
 
 def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
               priority: int = 0, compression=None) -> torch.Tensor:
-    out = _direct(tensor, None, average, name, compression)
-    if out is not None:
-        return out
-    return synchronize(push_pull_async(tensor, average, name, version, priority, compression))
+    return reduce_now(tensor, None, average, _user_key(name, tensor), compression, sig=round_sig(average=average))
 
 
 def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,
                       priority: int = 0, compression=None) -> torch.Tensor:
-    out = _direct(tensor, tensor, average, name, compression)
-    if out is not None:
-        return out
-    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority, compression))
+    return reduce_now(tensor, tensor, average, _user_key(name, tensor), compression,
+                      sig=round_sig(average=average))
 
 
 def declare(name: str, tensor: torch.Tensor | None = None) -> None:
@@ -265,7 +418,7 @@ def declare(name: str, tensor: torch.Tensor | None = None) -> None:
     so declaring is optional; with a tensor it fixes shape and dtype early."""
     st = _need_init()
     if st.engine is not None and tensor is not None:
-        st.engine.declare(name + st.name_suffix, tensor)
+        st.engine.declare(key_name(KIND, name) + st.name_suffix, tensor)
 
 
 def trace_step() -> None:

@@ -29,9 +29,12 @@ log = logging.getLogger(__name__)
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, strategy, model,
-                 strategy_options):
+                 strategy_options, scale_after: float = 1.0, predivide: float = 1.0, sparse_as_dense: bool = False):
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression if compression is not None else Compression.none
+        self._scale_after = scale_after  # op=Sum: the averaged gradients times size()
+        self._predivide = predivide  # gradient_predivide_factor: 1/f before the reduction, f after
+        self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         all_params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is not None:
@@ -51,7 +54,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"(positions {missing[:5]}...); pass model.named_parameters() of the same model")
             self._names = {p: by_id[id(p)] for p in all_params}
         else:
-            self._names = {p: f"push_pull.noname.{i}" for i, p in enumerate(all_params)}
+            self._names = {p: f"noname.{i}" for i, p in enumerate(all_params)}  # Gradient.noname.<i>
         # forward order: the order of named_parameters (definition order) until a
         # model hook or the first backward tells us better
         listed = [p for _, p in named_parameters] if named_parameters is not None else list(self._names)
@@ -62,8 +65,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         opts = dict(strategy_options or {})
+        # a wire compressor goes to the engine as its spec; a Horovod-style one is applied around each reduction
+        wire = self._compression.spec if getattr(self._compression, "wire", False) else self._compression
         self._strategy = strategy if not isinstance(strategy, str) and strategy is not None else make_strategy(
-            strategy or ops.config().strategy, compression=self._compression.spec, **opts)
+            strategy or ops.config().strategy, compression=wire, **opts)
         self._hooks = []
         self._lr_getter = lambda: self.param_groups[0]["lr"]
         eng = ops.engine()
@@ -112,6 +117,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"backward_passes_per_step")
         if n < self.backward_passes_per_step:
             return
+        if p.grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise RuntimeError(f"gradient of {self._names[p]!r} is sparse: pushpull reduces dense tensors only; "
+                                   f"pass sparse_as_dense=True to DistributedOptimizer (or use a dense embedding)")
+            p.grad = p.grad.to_dense()
+        if self._predivide != 1.0:
+            p.grad.mul_(1.0 / self._predivide)
         self._submitted[p] = None
         self._ready_order.append(p)
         self._strategy.on_ready(self._names[p], p.grad, self.priority(p))
@@ -131,10 +143,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if p.requires_grad and p not in self._submitted:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
+                elif p.grad.is_sparse and self._sparse_as_dense:
+                    p.grad = p.grad.to_dense()
+                if self._predivide != 1.0:
+                    p.grad.mul_(1.0 / self._predivide)
                 self._submitted[p] = None
                 self._strategy.on_ready(self._names[p], p.grad, self.priority(p))
         self._strategy.on_backward_done()
         self._strategy.wait_all()
+        factor = self._scale_after * self._predivide
+        if factor != 1.0:
+            with torch.no_grad():
+                for p in self._submitted:
+                    p.grad.mul_(factor)
         if self._learn_order and self._ready_order:
             for i, p in enumerate(reversed(self._ready_order)):
                 self._order[p] = i
@@ -191,28 +212,84 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
 
+_HOROVOD_OPTIONS = {"op", "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense", "process_set"}
+
+
+def _strategy_options(name: str) -> set[str]:
+    """Keyword options the strategy called ``name`` takes (its constructors' named parameters)."""
+    import importlib
+    import inspect
+
+    from pushpull.torch.strategies import _REGISTRY
+
+    target = _REGISTRY.get(name)
+    if target is None:
+        return set()
+    mod, cls = target.split(":")
+    found = set()
+    for klass in getattr(importlib.import_module(mod), cls).__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "compression"):
+                found.add(p.name)
+    return found
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
-                         strategy=None, model: torch.nn.Module | None = None, **strategy_options):
+                         strategy=None, model: torch.nn.Module | None = None, *, op=None,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                         sparse_as_dense: bool = False, process_set=None, **strategy_options):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
 
     ``strategy``: 'wfbp' (default from PUSHPULL_STRATEGY), or another registered
-    strategy. ``model``: optional; when given, forward pre-hooks record the
-    exact forward order for priorities (otherwise the order of
-    ``named_parameters`` is used for the first step, then the reverse of the
-    order in which the first backward pass produced the gradients).
+    strategy; its options (``threshold_bytes=`` for fusion, ...) are keyword arguments too, and any other
+    keyword is an error naming the nearest valid one. ``model``: optional; when given, forward pre-hooks
+    record the exact forward order for priorities (otherwise the order of ``named_parameters`` is used for
+    the first step, then the reverse of the order in which the first backward pass produced the gradients).
+    Horovod's ``op`` (Average, Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` are taken;
+    ``num_groups``/``groups``, ``op=Adasum`` and process sets raise, saying so. Gradients are
+    ``Gradient.<parameter name>`` on the servers.
     """
+    from pushpull.torch import collectives
+    from pushpull.torch.functions import _check_global
+    from pushpull.torch.kwargs import HOROVOD_ONLY, unknown_keyword
+
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(strategy, int) and not isinstance(strategy, bool):
+        raise TypeError("DistributedOptimizer's fifth positional argument is strategy=; pass Horovod's op= by "
+                        "keyword (op=pushpull.torch.Sum)")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if num_groups or groups is not None:
+        raise NotImplementedError(HOROVOD_ONLY["num_groups" if num_groups else "groups"])
+    _check_global(process_set)
+    op = collectives.Average if op is None else collectives._op(None, op)
+    if op not in (collectives.Average, collectives.Sum):
+        raise ValueError(f"DistributedOptimizer reduces gradients with op=Average or op=Sum, not {op!r}")
+    if gradient_predivide_factor != 1.0 and op != collectives.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average (Horovod's rule)")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if not isinstance(strategy, str) and strategy is not None:
+        allowed: set[str] = set()
+    else:
+        allowed = _strategy_options(strategy or ops.config().strategy)
+    for k in strategy_options:
+        if k not in allowed:
+            names = {"named_parameters", "compression", "backward_passes_per_step", "strategy", "model"}
+            raise unknown_keyword("DistributedOptimizer", k, names | _HOROVOD_OPTIONS | allowed)
     if isinstance(compression, str):
         compression = Compression.build(compression)
     elif isinstance(compression, dict):
         compression = Compression.build(**compression)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, strategy,
-                  model, strategy_options)
+                  model, strategy_options, scale_after=float(ops.size()) if op == collectives.Sum else 1.0,
+                  predivide=float(gradient_predivide_factor), sparse_as_dense=sparse_as_dense)
     wrapped.load_state_dict(optimizer.state_dict())
     if ops.config().autotune:  # PUSHPULL_AUTOTUNE=1: the tuner attaches itself to step()
         from pushpull.torch.autotune import AutoTuner

@@ -79,6 +79,40 @@ DTYPES: dict[int, tuple[str, int]] = {
 _CODE_OF = {name: code for code, (name, _) in DTYPES.items()}
 
 
+# A PUSH's req_id carries its round signature (0: none): values every worker must give equal for the round
+# (a broadcast's root and dtype, an allreduce's average flag and scale factors). The server compares them
+# and, when they differ, fails the round on every rank naming each rank's values. Layout: bit 31 set;
+# bits 0-15 root rank; 16-20 dtype (SIG_DTYPES index + 1); bit 21 average; 22-30 a hash of the scale factors.
+SIG_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
+              "complex64", "complex128")
+_SIG_SET = 1 << 31
+
+
+def round_sig(root: int | None = None, dtype: str | None = None, average: bool | None = None,
+              scale: tuple[float, float] = (1.0, 1.0)) -> int:
+    sig = _SIG_SET
+    if root is not None:
+        sig |= root & 0xFFFF
+    if dtype is not None:
+        sig |= (SIG_DTYPES.index(dtype) + 1 if dtype in SIG_DTYPES else 31) << 16
+    if average:
+        sig |= 1 << 21
+    if tuple(scale) != (1.0, 1.0):
+        import zlib
+
+        sig |= ((zlib.crc32(struct.pack("<dd", *scale)) % 511) + 1) << 22
+    return sig
+
+
+def describe_sig(sig: int) -> dict:
+    """The fields of a round signature, as a worker gave them (for error messages)."""
+    code = (sig >> 16) & 31
+    return {"root_rank": sig & 0xFFFF,
+            "dtype": SIG_DTYPES[code - 1] if 0 < code <= len(SIG_DTYPES) else ("?" if code else None),
+            "average": bool(sig >> 21 & 1),
+            "prescale_factor/postscale_factor": f"#{(sig >> 22) & 511}" if (sig >> 22) & 511 else "1.0/1.0"}
+
+
 class ProtocolError(ValueError):
     """A message could not be understood; the text says why."""
 

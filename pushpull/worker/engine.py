@@ -43,9 +43,45 @@ DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float3
               torch.int8: "int8", torch.int16: "int16"}
 
 
+REDUCE_OPS = ("sum", "min", "max", "product")
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """What a collective declares about a key. It travels in every worker's INIT and the server
+    compares it across workers, so ranks that disagree (about the op, or about ``meta``) all get the
+    same error naming each rank's values, instead of a silently wrong result.
+
+    ``op``: what the server does with a round's pushes (``concat``: each rank writes its bytes at its
+    offset). ``readers``: the ranks that receive the result (None: all); the others are answered an
+    empty body when the round completes, so a slice is routed only where it is needed. ``numel``:
+    bytes of a concat key (its pushes are slices). ``meta``: (field, value) pairs that must agree."""
+
+    kind: str = "allreduce"
+    op: str = "sum"
+    readers: tuple | None = None
+    numel: int = 0
+    meta: tuple = ()
+
+    def declaration(self) -> dict:
+        return {"kind": self.kind, "op": self.op, "readers": list(self.readers) if self.readers is not None else None,
+                "meta": dict(self.meta) or None}
+
+
+PLAIN = KeySpec()
+
 # dtypes NumPy can average in place as they arrive (bfloat16 has no NumPy type)
 _NP_FLOAT = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 _NP_VIEW = set(SUPPORTED) - {torch.bfloat16}
+
+
+def _describe_spec(spec: KeySpec) -> str:
+    text = f"{spec.kind} (op {spec.op}"
+    if spec.readers is not None:
+        text += f", received by rank(s) {list(spec.readers)}"
+    for k, v in spec.meta:
+        text += f", {k} {v}"
+    return text + ")"
 
 
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
@@ -88,17 +124,18 @@ class Entry:
     pending_inits: int = 0
     itemsize: int = 1
     code: int = 0           # wire dtype code
+    spec: KeySpec = PLAIN
 
 
 class Op:
     """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
 
     __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
-                 "device", "user_out", "t_submit", "finished")
+                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset")
 
-    def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor, out_bytes: np.ndarray,
-                 average: bool, priority: int, device: torch.device | None = None,
-                 user_out: torch.Tensor | None = None):
+    def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor | None,
+                 out_bytes: np.ndarray | None, average: bool, priority: int, device: torch.device | None = None,
+                 user_out: torch.Tensor | None = None, sig: int = 0, reader: bool = True, offset: int = 0):
         self.handle = handle
         self.entry = entry
         self.inp = inp              # raw bytes of the input (contiguous CPU)
@@ -112,6 +149,9 @@ class Op:
         self.user_out = user_out
         self.t_submit = time.perf_counter()
         self.finished = False       # set at once; its handle completes at the end of the I/O pass
+        self.sig = sig              # this round's signature, compared across workers by the server (0: none)
+        self.reader = reader        # False: this rank only contributes; the server answers it an empty body
+        self.offset = offset        # concat keys: where this rank's bytes go in the key
 
 
 class Engine:
@@ -252,16 +292,21 @@ class Engine:
             self.van.call_soon(apply)
 
     # ------------------------------------------------------------ caller side --
-    def declare(self, name: str, tensor: torch.Tensor, compression: dict | None = None) -> Entry:
+    def declare(self, name: str, tensor: torch.Tensor, compression: dict | None = None,
+                spec: KeySpec = PLAIN) -> Entry:
         with self.table_lock:
-            return self._entry(name, tuple(tensor.shape), tensor.dtype, compression)
+            return self._entry(name, tuple(tensor.shape), tensor.dtype, compression, spec)
 
-    def _entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None) -> Entry:
+    def _entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None,
+               spec: KeySpec = PLAIN) -> Entry:
         e = self.entries.get(name)
         if e is not None:
             if e.shape != shape or e.dtype != dtype:
                 raise ValueError(f"tensor {name!r} was used as {DTYPE_NAME[e.dtype]}{list(e.shape)} and is now "
                                  f"{DTYPE_NAME[dtype]}{list(shape)}; give different tensors different names")
+            if e.spec != spec:
+                raise ValueError(f"tensor {name!r} was used as {_describe_spec(e.spec)} and is now "
+                                 f"{_describe_spec(spec)}; give different operations different names")
             return e
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
@@ -288,14 +333,22 @@ class Engine:
             # worker momentum replaces the optimizer's for every tensor, so a tensor too small to be
             # compressed still gets it (sent raw through the identity codec), or it would get none
             use_compression = dict(compression, compressor="none", ef="none")
+        if spec.op != "sum" and use_compression is not None:
+            raise ValueError(f"tensor {name!r}: compression needs a sum on the servers, not {spec.op}")
         e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,
-                  code=dtype_code(DTYPE_NAME[dtype]))
+                  code=dtype_code(DTYPE_NAME[dtype]), spec=spec)
         self.entries[name] = e
         return e
 
     def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool,
-               priority: int = 0, compression: dict | None = None) -> Handle:
-        """Start a push_pull of ``tensor`` into ``output`` (a new tensor if None)."""
+               priority: int = 0, compression: dict | None = None, spec: KeySpec = PLAIN, sig: int = 0,
+               offset: int = 0) -> Handle:
+        """Start a push_pull of ``tensor`` into ``output`` (a new tensor if None).
+
+        ``spec``: what the key is (op, readers, ...; :class:`KeySpec`); ``sig``: this round's signature, which
+        every worker must send equal (the server fails the round on every rank otherwise); ``offset``: for a
+        concat key, the byte offset of this rank's ``tensor`` in the key. A rank that is not among the key's
+        readers gets no output (the handle's output is None)."""
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported; "
                             f"use one of {sorted(DTYPE_NAME[d] for d in SUPPORTED)}")
@@ -306,16 +359,28 @@ class Engine:
         if src.device.type != "cpu":
             src = src.to("cpu")
         src = src.contiguous()
-        if output is None:
-            out = torch.empty_like(src, memory_format=torch.contiguous_format)
-            user_out = None
+        concat = spec.op == "concat"
+        if concat:
+            if src.dtype != torch.uint8 or not 0 <= offset <= offset + src.numel() <= spec.numel:
+                raise ValueError(f"tensor {name!r}: a concat push is uint8 bytes inside the key's {spec.numel} "
+                                 f"bytes, got {src.dtype}[{src.numel()}] at offset {offset}")
+            shape, dtype = (spec.numel,), torch.uint8
+        else:
+            shape, dtype = tuple(src.shape), src.dtype
+        reader = spec.readers is None or self.rank in spec.readers
+        user_out = None
+        if not reader:
+            out = None
+        elif output is None:
+            out = torch.empty(shape, dtype=dtype) if concat else torch.empty_like(
+                src, memory_format=torch.contiguous_format)
         elif output.device.type == "cpu" and output.is_contiguous():
-            out, user_out = output, None
+            out = output
         else:
             out = torch.empty(output.shape, dtype=output.dtype)
             user_out = output
         with self.table_lock:
-            entry = self._entry(name, tuple(src.shape), src.dtype, compression)
+            entry = self._entry(name, shape, dtype, compression, spec)
             if entry.error:
                 self.stats["errors"] += 1
                 raise PushPullError(entry.error)
@@ -324,16 +389,20 @@ class Engine:
                                  f"starting another with the same name")
             entry.busy = True
         inp = _raw_bytes(src)
-        out_bytes = inp if out.data_ptr() == src.data_ptr() else _raw_bytes(out)  # in place: one view
+        if out is None:
+            out_bytes = None
+        else:
+            out_bytes = inp if out.data_ptr() == src.data_ptr() and not concat else _raw_bytes(out)  # in place: one view
         op = Op(Handle(name, None), entry, inp, out, out_bytes, average, priority,
-                device=device if device.type != "cpu" else None, user_out=user_out)
+                device=device if device.type != "cpu" and reader else None, user_out=user_out, sig=sig,
+                reader=reader, offset=offset)
         op.handle._describe = lambda: self._describe(op)
         op.handle.output = output if output is not None else out
         self.van.call_soon(lambda: self._start(op))
         return op.handle
 
     def push_pull_now(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
-                      average: bool) -> torch.Tensor | None:
+                      average: bool, sig: int = 0, spec: KeySpec = PLAIN) -> torch.Tensor | None:
         """A blocking push_pull done on the caller's thread (:mod:`pushpull.worker.direct`), or None
         where it needs the engine (first use, several partitions, compression, tracing, GPU tensors,
         one already in flight): the caller then submits it as usual."""
@@ -341,6 +410,7 @@ class Engine:
         e = self.entries.get(name)
         if (direct is None or direct.closed or self.cfg.direct_bytes <= 0 or e is None or e.state != "ready" or len(e.parts) != 1
                 or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
+                or e.spec != spec or spec.op == "concat" or spec.readers is not None
                 or self.tracer is not None or tensor.device.type != "cpu" or tensor.dtype != e.dtype
                 or tuple(tensor.shape) != e.shape or self.member.failure
                 or (output is not None and (output.device.type != "cpu" or not output.is_contiguous()))):
@@ -350,7 +420,7 @@ class Engine:
                 return None
             e.busy = True
         try:
-            return self._push_pull_now(e, tensor, output, name, average)
+            return self._push_pull_now(e, tensor, output, name, average, sig)
         except WorkersChanged:
             raise
         except PushPullError:
@@ -360,7 +430,7 @@ class Engine:
             e.busy = False
 
     def _push_pull_now(self, e: Entry, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
-                       average: bool) -> torch.Tensor:
+                       average: bool, sig: int = 0) -> torch.Tensor:
         """The exchange itself, with ``e`` marked busy; every way of not getting the sum raises."""
         direct = self.direct
         src = tensor.detach().contiguous()
@@ -368,7 +438,7 @@ class Engine:
         p = e.parts[0]
         e.round += 1
         header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code, gen=self.gen,
-                        numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
+                        numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK, req_id=sig)
         gen = self.gen
         try:
             buf = direct.exchange(p.sock, header, _raw_bytes(src), self.cfg.timeout,
@@ -471,7 +541,7 @@ class Engine:
         self._send_inits(e, e.parts)
 
     def _send_inits(self, e: Entry, parts: list) -> None:
-        body = encode_json({"name": e.name, "compression": e.compression})
+        body = encode_json({"name": e.name, "compression": e.compression, **e.spec.declaration()})
         itemsize = e.itemsize
         for p in parts:
             self.van.send(p.sock, Header(MsgType.INIT, sender=self.rank, key=p.key, dtype=e.code, gen=self.gen,
@@ -516,8 +586,23 @@ class Engine:
         if self.window is not None:
             p.t_sent = time.perf_counter()
             p.delivered_at_send = self.delivered
-        view = op.inp[p.offset:p.offset + p.nbytes]
         itemsize = e.itemsize
+        if e.spec.op == "concat":  # this rank's bytes that fall in the partition, and where they go in it
+            lo = max(p.offset, op.offset)
+            hi = max(lo, min(p.offset + p.nbytes, op.offset + len(op.inp)))
+            view = op.inp[lo - op.offset:hi - op.offset]
+            flags = Flags.PULL
+            if self.queue.credit_bytes <= 0 and self.tracer is None:
+                flags |= Flags.NO_ACK
+            self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code,
+                                         gen=self.gen, numel=hi - lo, nbytes=hi - lo, flags=flags,
+                                         extra=lo - p.offset if hi > lo else 0, req_id=op.sig), [view])
+            if self.tracer is not None:
+                self.tracer.sent(p)
+            self.stats["bytes_pushed"] += hi - lo
+            self.stats["partitions"] += 1
+            return
+        view = op.inp[p.offset:p.offset + p.nbytes]
         # one request carries the push and the pull; the PUSH_ACK is wanted only to return a limited
         # credit early or for the trace (half the messages per partition otherwise)
         flags = Flags.PULL
@@ -533,7 +618,8 @@ class Engine:
         else:
             nb = p.nbytes
         self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code, gen=self.gen,
-                                     numel=p.nbytes // itemsize, nbytes=nb, flags=flags, extra=extra), [frame])
+                                     numel=p.nbytes // itemsize, nbytes=nb, flags=flags, extra=extra, req_id=op.sig),
+                      [frame])
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
@@ -592,15 +678,17 @@ class Engine:
             if self.tracer is not None:
                 self.tracer.pull_received(h.key)
             buf = msg.body_view()
-            dst = op.out_bytes[p.offset:p.offset + p.nbytes]
-            if h.flags & Flags.COMPRESSED:
+            if not op.reader:  # this rank only contributed: the answer says the round completed
+                pass
+            elif h.flags & Flags.COMPRESSED:
+                dst = op.out_bytes[p.offset:p.offset + p.nbytes]
                 p.codec.decompress_into(buf, dst)
                 npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
                 if npdt is not None:
                     typed = dst.view(npdt)
                     np.multiply(typed, self.inv_size, out=typed)
             else:
-                error = self._write_sum(op.entry, p, buf, dst, op.average)
+                error = self._write_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average)
                 if error:
                     self._finish(op, error)
                     return
@@ -712,7 +800,7 @@ class Engine:
                 if p.held:
                     self.queue.release(p.held)
                     p.held = 0
-        if error is None:
+        if error is None and op.out is not None:
             try:
                 self._average_rest(op.out, op.average)
                 if op.user_out is not None:

@@ -77,7 +77,7 @@ def main() -> None:
     bps.init()
     logging.getLogger("pushpull.auto").setLevel(logging.INFO)
     CASES[sys.argv[1]]()
-    from pushpull.torch import allreduce
+    from pushpull.torch import allreduce_backend as allreduce
 
     allreduce.shutdown()
     bps.shutdown()

@@ -12,6 +12,7 @@ import time
 import torch
 
 import pushpull.torch as bps
+from pushpull.torch import ops
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INTS = [torch.int32, torch.int64]
@@ -80,7 +81,7 @@ def case_partitions() -> None:
     got = bps.push_pull(x, average=False, name="big")
     want = sum(value(k, (250_003,), torch.float64) for k in range(n)).float()
     expect_equal("big", got, want, rtol=1e-6)
-    parts = len(bps.engine().entries["big"].parts)
+    parts = len(bps.engine().entries["allreduce.big"].parts)
     if parts < 10:
         fail(f"expected many partitions, got {parts}")
     print(f"partitions={parts}", flush=True)
@@ -194,6 +195,7 @@ def case_caught() -> None:
         time.sleep(8)
     t = time.monotonic()
     bps.shutdown()
+    ops._leave()  # shutdown() keeps the membership for a later init(); leaving is what may wait for others
     print(f"SHUTDOWN-AFTER-ERROR rank {r} {time.monotonic() - t:.2f}s", flush=True)
 
 

@@ -182,7 +182,7 @@ def case_layerwise() -> None:
 # ---------------------------------------------------------------- all-reduce only --
 def case_order() -> None:
     """All-reduce: ranks submit 60 tensors in different orders with different delays; no deadlock, right sums."""
-    from pushpull.torch.allreduce import get_reducer
+    from pushpull.torch.allreduce_backend import get_reducer
 
     red = get_reducer()
     r, n = bps.rank(), bps.size()
@@ -206,7 +206,7 @@ def case_order() -> None:
 
 def case_mismatch() -> None:
     """All-reduce: a size mismatch fails on every rank with the tensor's name, quickly."""
-    from pushpull.torch.allreduce import get_reducer
+    from pushpull.torch.allreduce_backend import get_reducer
 
     red = get_reducer()
     t0 = time.monotonic()
@@ -233,7 +233,7 @@ def main() -> None:
     p.add_argument("cases", nargs="+", choices=list(CASES))
     args = p.parse_args()
     torch.set_num_threads(1)  # several workers share few cores: intra-op threads only contend
-    from pushpull.torch import allreduce
+    from pushpull.torch import allreduce_backend as allreduce
     allreduce.SLOTS = 16  # small order messages: long batches take several (chunking is exercised)
     bps.init()
     for c in args.cases:
@@ -241,7 +241,7 @@ def main() -> None:
         CASES[c]()
         print(f"case {c} ok on rank {bps.rank()}/{bps.size()} ({bps.config().backend}) in "
               f"{time.monotonic() - t:.2f}s", flush=True)
-    from pushpull.torch import allreduce
+    from pushpull.torch import allreduce_backend as allreduce
     allreduce.shutdown()
     bps.shutdown()
     print("ALL-OK", flush=True)

@@ -6,7 +6,7 @@ layer that becomes ready late overtakes everything still queued.
 
 Over the parameter servers the worker engine's credit queue does this; over
 all-reduce the reducer's rank 0 does it and the other ranks follow its order
-(:mod:`pushpull.torch.allreduce`). Options ``partition_bytes`` and ``credit``
+(:mod:`pushpull.torch.allreduce_backend`). Options ``partition_bytes`` and ``credit``
 (bytes in flight) override PUSHPULL_BYTESCHEDULER_*; defaults follow
 ByteScheduler: 1 M / 4 M float32 elements over PS, 8 M / 16 M over all-reduce.
 """

@@ -52,8 +52,9 @@ class PSComm(Comm):
         self.compression = compression
 
     def submit(self, tensor, name, priority, average=True):
-        return ops.push_pull_async_inplace(tensor, average=average, name=name, priority=priority,
-                                           compression=self.compression if average else None)
+        # gradients have a name space of their own on the servers (BytePS's "Gradient." prefix)
+        return ops.submit_key(tensor, tensor, average, ops.key_name(ops.GRADIENT, name), priority,
+                              self.compression if average else None)
 
     def wait(self, token) -> None:
         ops.synchronize(token)
@@ -81,7 +82,7 @@ class PSComm(Comm):
 
 
 class AllreduceComm(Comm):
-    """torch.distributed all-reduce through :mod:`pushpull.torch.allreduce`."""
+    """torch.distributed all-reduce through :mod:`pushpull.torch.allreduce_backend`."""
 
     backend = "allreduce"
 
@@ -90,7 +91,7 @@ class AllreduceComm(Comm):
             raise ValueError(f"compression {compression!r} is not available over the all-reduce backend (a sum of "
                              f"compressed tensors needs the server's decompress-sum-recompress); use "
                              f"PUSHPULL_BACKEND=ps or no compression")
-        from pushpull.torch import allreduce
+        from pushpull.torch import allreduce_backend as allreduce
 
         self.reducer = allreduce.get_reducer()
 
