@@ -29,7 +29,7 @@ class Disagreement(RoundError):
         self.slot = slot
 
 
-def _disagreement(name: str, sigs: dict) -> str:
+def _disagreement(name: str, sigs: dict, num_workers: int) -> str:
     fields = {r: describe_sig(s) for r, s in sigs.items()}
     parts = []
     for what in next(iter(fields.values())):
@@ -38,7 +38,9 @@ def _disagreement(name: str, sigs: dict) -> str:
             values.setdefault(str(fields[r][what]), []).append(r)
         if len(values) > 1:
             parts.append(f"{what}: " + ", ".join(f"rank(s) {rs} gave {v}" for v, rs in values.items()))
-    return f"tensor {name!r}: the workers disagree on " + "; ".join(parts)
+    text = f"tensor {name!r}: the workers disagree on " + "; ".join(parts)
+    later = sorted(set(range(num_workers)) - set(sigs))
+    return text + (f" (rank(s) {later} had not pushed yet)" if later else "")
 
 
 @dataclass
@@ -107,6 +109,13 @@ class KeyState:
         raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} while round {slot.round} "
                          f"has not been pulled by rank(s) {missing}")
 
+    def abort(self, rnd: int, rank: int, error: str) -> None:
+        """Rank ``rank`` cannot take part in round ``rnd``: the round fails on every rank with ``error``."""
+        slot = self._slot_for_push(rnd, rank)
+        if slot.error is None:
+            slot.error = error
+        raise Disagreement(slot.error, slot)
+
     def push(self, rnd: int, rank: int, data: np.ndarray, sig: int = 0, offset: int = 0) -> Slot | None:
         """Add one worker's push; returns the slot when the round just completed. Raises
         :class:`Disagreement` when its round signature differs from the others'."""
@@ -114,7 +123,7 @@ class KeyState:
         if slot.error is not None:
             raise Disagreement(slot.error, slot)
         if slot.sigs and sig not in slot.sigs.values():
-            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig})
+            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig}, self.num_workers)
             raise Disagreement(slot.error, slot)
         slot.sigs[rank] = sig
         assert slot.acc is not None

@@ -338,8 +338,10 @@ class Server:
 
     def _push(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
-        data = self._decode_push(msg, ks)
         try:
+            if h.flags & Flags.ABORT:
+                ks.abort(h.round, h.sender, str(decode_json(msg.body()).get("error", "aborted")))
+            data = self._decode_push(msg, ks)
             done = ks.push(h.round, h.sender, data, h.req_id, h.extra if ks.op == "concat" else 0)
         except Disagreement as e:  # every rank of the round gets the error, those already waiting too
             for ident, _, req_id in e.slot.waiting:

@@ -62,6 +62,7 @@ class Flags:
     COMPRESSED = 1      # payload is a compression payload, not raw dtype bytes
     PULL = 2            # a PUSH that also asks for the round's sum (one request instead of PUSH + PULL)
     NO_ACK = 4          # a PUSH whose sender wants no PUSH_ACK (no credit or trace waits on it)
+    ABORT = 8           # a PUSH that fails its round on every rank; the body is JSON {"error": why}
 
 
 # dtype code <-> torch dtype name; the server needs only the name and item size

@@ -380,7 +380,11 @@ class Engine:
             out = torch.empty(output.shape, dtype=output.dtype)
             user_out = output
         with self.table_lock:
-            entry = self._entry(name, shape, dtype, compression, spec)
+            try:
+                entry = self._entry(name, shape, dtype, compression, spec)
+            except ValueError as ex:
+                self._abort_next_round(name, str(ex))
+                raise
             if entry.error:
                 self.stats["errors"] += 1
                 raise PushPullError(entry.error)
@@ -400,6 +404,22 @@ class Engine:
         op.handle.output = output if output is not None else out
         self.van.call_soon(lambda: self._start(op))
         return op.handle
+
+    def _abort_next_round(self, name: str, error: str) -> None:
+        """This rank cannot take part in the next round of ``name`` (it changed shape, dtype or op): fail
+        that round on every rank with ``error``, instead of leaving the others waiting for its push."""
+        e = self.entries.get(name)
+        if e is None or e.state != "ready" or e.busy:
+            return
+        e.state, e.error = "failed", error
+        body = encode_json({"error": f"on rank {self.rank}, {error} (so round {e.round + 1} fails on every rank)"})
+
+        def send() -> None:
+            e.round += 1
+            for p in e.parts:
+                self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, gen=self.gen,
+                                             dtype=e.code, flags=Flags.ABORT), [body])
+        self.van.call_soon(send)
 
     def push_pull_now(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
                       average: bool, sig: int = 0, spec: KeySpec = PLAIN) -> torch.Tensor | None:

@@ -527,6 +527,16 @@ def _():
            hvd.PushPullError, "alltoall.e.a2a", "int64", "float32", "rank(s) [1]")
 
 
+@case("error-reuse-with-another-shape", peers=True)
+def _():
+    """A rank that reuses a name with another shape fails at once, and so does everyone else's round."""
+    r = hvd.rank()
+    hvd.allreduce(torch.ones(3), name="e.reuse")
+    t = torch.ones(4 if r == 1 else 3)
+    exc = ValueError if r == 1 else hvd.PushPullError
+    raises(lambda: hvd.allreduce(t, name="e.reuse"), exc, "allreduce.e.reuse", "float32[3]", "float32[4]")
+
+
 # ------------------------------------------------------------------ keywords --
 
 @case("kwargs-optimizer")

@@ -97,7 +97,7 @@ def case_collectives() -> None:
     from pushpull.torch import ops as tops
 
     if tops.engine() is not None:
-        expect(bool(tops.engine().entries["mx.fp16"].compression), "Compression.fp16 did not reach the engine")
+        expect(bool(tops.engine().entries["allreduce.mx.fp16"].compression), "Compression.fp16 did not reach the engine")
     root = n - 1
     v = np.array([-0.0, np.nan, np.inf, 1.5 + r], np.float32)
     got = bps.broadcast(mx.nd.array(v), root_rank=root, name="bc").asnumpy()

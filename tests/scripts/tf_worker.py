@@ -93,7 +93,7 @@ def case_collectives() -> None:
     close("allreduce with Compression.fp16", got, big / (r + 1) * (ranks + 1).mean(), rtol=2e-3, atol=2e-3)
     eng = _torch_ops.engine()
     if eng is not None:
-        expect(bool(eng.entries["fp16"].compression), "Compression.fp16 did not reach the engine")
+        expect(bool(eng.entries["allreduce.fp16"].compression), "Compression.fp16 did not reach the engine")
     expect_raises(NotImplementedError, "op=Average and op=Sum", lambda: bps.allreduce(tf.ones(2), op=bps.Max),
                   "allreduce op=Max")
     expect_raises(ValueError, "not both", lambda: bps.allreduce(tf.ones(2), average=True, op=bps.Sum),
