@@ -218,7 +218,7 @@ def _items(params) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def broadcast_parameters(params, root_rank: int, prefix: str = "parameters.") -> None:
+def broadcast_parameters(params, root_rank: int, prefix: str = "parameters.", process_set=None) -> None:
     """Set every rank's tensors to ``root_rank``'s, in place.
 
     ``params``: a ``state_dict()`` (parameters and buffers) or an iterable of
@@ -227,6 +227,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "parameters.") ->
     key the transfer (``broadcast.<prefix><name>`` on the servers), so every rank must pass the same set.
     """
     ops._need_init()
+    _check_global(process_set)
     _check_root(root_rank)
     items = _items(params)
     if not _distributed():
@@ -301,7 +302,8 @@ def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
     return data if is_root else bytes(buf[:n].numpy())
 
 
-def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None):
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None,
+                     process_set=None):
     """Return ``root_rank``'s ``obj`` on every rank.
 
     JSON-able objects (that round-trip exactly) travel as JSON; anything else as ``torch.save`` bytes,
@@ -311,6 +313,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pic
     unpickles (cloudpickle), docs/api.md says why we differ. The object travels as a uint8 tensor.
     """
     ops._need_init()
+    _check_global(process_set)
     _check_root(root_rank)
     if not _distributed():
         return obj
@@ -349,7 +352,7 @@ def _layout(sd: dict) -> dict:
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
-                              prefix: str = "optimizer.") -> None:
+                              prefix: str = "optimizer.", process_set=None) -> None:
     """Make every rank's optimizer state and hyperparameters equal to ``root_rank``'s.
 
     Works with CPU and GPU tensors, scalar entries such as ``step`` (tensor or
@@ -361,6 +364,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     The root's optimizer is not modified.
     """
     ops._need_init()
+    _check_global(process_set)
     _check_root(root_rank)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "

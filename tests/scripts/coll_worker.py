@@ -654,6 +654,55 @@ def _():
           torch.ones(2) * (n * (n - 1) // 2))
 
 
+@case("horovod-example-loop")
+def _():
+    """The shape of Horovod's pytorch_mnist.py with only the import changed: DistributedSampler shards,
+    broadcast_parameters/optimizer_state, DistributedOptimizer(op=Average, gradient_predivide_factor),
+    metric_average through hvd.allreduce(torch.tensor(val), name=...), predictions through allgather."""
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    r, n = hvd.rank(), hvd.size()
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(60, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
+    loader = DataLoader(dataset, batch_size=5, sampler=sampler)
+    torch.manual_seed(100 + r)  # different on purpose: the broadcast makes them equal
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.5)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=hvd.Compression.none, op=hvd.Average,
+                                         gradient_predivide_factor=1.0)
+
+    def metric_average(val, name):
+        return hvd.allreduce(torch.tensor(val), name=name).item()
+
+    for epoch in range(2):
+        model.train()
+        sampler.set_epoch(epoch)
+        for data_, target in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(data_), target).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            shard = x[r::n]
+            loss = nn.functional.cross_entropy(model(shard), y[r::n]).item()
+            avg = metric_average(loss, "avg_loss")
+            want = sum(nn.functional.cross_entropy(model(x[k::n]), y[k::n]).item() for k in range(n)) / n
+            if abs(avg - want) > 1e-5:
+                raise CaseFailed(f"metric_average {avg} != {want}")
+            preds = hvd.allgather(model(shard).argmax(1), name="preds")
+            check("allgather of predictions", preds, torch.cat([model(x[k::n]).argmax(1) for k in range(n)]))
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = hvd.allgather(flat.unsqueeze(0), name="params")
+    for k in range(n):
+        check(f"rank {k}'s parameters after training", every[k], flat)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     only = sys.argv[1:]
