@@ -2,7 +2,7 @@
 
 Public calls reject unknown keyword arguments naming the nearest valid one (:mod:`pushpull.torch.kwargs`)."""
 from pushpull.torch.kwargs import checked as _checked
-from pushpull.torch import ops as _ops, functions as _functions, collectives as _coll
+from pushpull.torch import ops as _ops, functions as _functions, collectives as _coll, gather as _gather
 from pushpull.torch.ops import (  # noqa: F401
     NotInitializedError, config, engine, init, is_initialized, local_rank, local_size, poll, rank, shutdown,
     size, synchronize,
@@ -40,13 +40,13 @@ grouped_allreduce = _checked(_coll.grouped_allreduce)
 grouped_allreduce_ = _checked(_coll.grouped_allreduce_)
 grouped_allreduce_async = _checked(_coll.grouped_allreduce_async)
 grouped_allreduce_async_ = _checked(_coll.grouped_allreduce_async_)
-allgather = _checked(_coll.allgather)
-allgather_async = _checked(_coll.allgather_async)
-allgather_object = _checked(_coll.allgather_object)
-alltoall = _checked(_coll.alltoall)
-alltoall_async = _checked(_coll.alltoall_async)
-reducescatter = _checked(_coll.reducescatter)
-reducescatter_async = _checked(_coll.reducescatter_async)
+allgather = _checked(_gather.allgather)
+allgather_async = _checked(_gather.allgather_async)
+allgather_object = _checked(_gather.allgather_object)
+alltoall = _checked(_gather.alltoall)
+alltoall_async = _checked(_gather.alltoall_async)
+reducescatter = _checked(_gather.reducescatter)
+reducescatter_async = _checked(_gather.reducescatter_async)
 barrier = _checked(_coll.barrier)
 broadcast = _checked(_functions.broadcast)
 broadcast_ = _checked(_functions.broadcast_)

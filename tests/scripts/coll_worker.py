@@ -668,8 +668,16 @@ def _():
     dataset = TensorDataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
     loader = DataLoader(dataset, batch_size=5, sampler=sampler)
+    class Net(nn.Module):  # parameter names fc1.*, fc2.*, as in Horovod's example
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 3)
+
+        def forward(self, v):
+            return self.fc2(torch.relu(self.fc1(v)))
+
     torch.manual_seed(100 + r)  # different on purpose: the broadcast makes them equal
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.5)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
