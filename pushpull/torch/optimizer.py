@@ -237,6 +237,23 @@ def _strategy_options(name: str) -> set[str]:
     return found
 
 
+def check_strategy_options(func: str, strategy: str, options: dict, own: set) -> None:
+    """Options that strategy ``strategy`` does not take raise, naming the nearest valid one (or the strategy
+    that takes it)."""
+    from pushpull.torch.kwargs import unknown_keyword
+    from pushpull.torch.strategies import names
+
+    allowed = _strategy_options(strategy)
+    for k in options:
+        if k in allowed:
+            continue
+        others = [s for s in names() if k in _strategy_options(s)]
+        if others:
+            raise TypeError(f"{func}() got {k!r}, an option of strategy {' / '.join(map(repr, others))}, not of "
+                            f"strategy {strategy!r}")
+        raise unknown_keyword(func, k, own | allowed)
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          strategy=None, model: torch.nn.Module | None = None, *, op=None,
@@ -274,14 +291,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError("gradient_predivide_factor needs op=Average (Horovod's rule)")
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    own = {"named_parameters", "compression", "backward_passes_per_step", "strategy", "model"} | _HOROVOD_OPTIONS
     if not isinstance(strategy, str) and strategy is not None:
-        allowed: set[str] = set()
+        if strategy_options:
+            raise unknown_keyword("DistributedOptimizer", next(iter(strategy_options)), own)
     else:
-        allowed = _strategy_options(strategy or ops.config().strategy)
-    for k in strategy_options:
-        if k not in allowed:
-            names = {"named_parameters", "compression", "backward_passes_per_step", "strategy", "model"}
-            raise unknown_keyword("DistributedOptimizer", k, names | _HOROVOD_OPTIONS | allowed)
+        check_strategy_options("DistributedOptimizer", strategy or ops.config().strategy, strategy_options, own)
     if isinstance(compression, str):
         compression = Compression.build(compression)
     elif isinstance(compression, dict):

@@ -73,7 +73,9 @@ class _Layerwise:
         self.strategy = None
         self.hooks = []
         if self.distributed:
-            spec = compression.spec if compression is not None else None
+            # a wire compressor goes to the engine as its spec; a Horovod-style one runs around each reduction
+            spec = None if compression is None else (compression.spec if getattr(compression, "wire", False)
+                                                     else compression)
             self.strategy = strategy if strategy is not None and not isinstance(strategy, str) else \
                 make_strategy(strategy or ops.config().strategy, compression=spec, **options)
 
@@ -217,6 +219,11 @@ def ScheduledOptimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         "DistributedOptimizer or another ScheduledOptimizer: it reduces gradients itself")
     if isinstance(compression, str):
         compression = Compression.build(compression)
+    if strategy is None or isinstance(strategy, str):
+        from pushpull.torch.optimizer import check_strategy_options
+
+        check_strategy_options("ScheduledOptimizer", strategy or ops.config().strategy, strategy_options,
+                               {"model", "optimizer", "named_parameters", "strategy", "compression"})
     base = optimizer
     cls = type(base.__class__.__name__, (base.__class__,), dict(_ScheduledOptimizer.__dict__))
     opt = cls.__new__(cls)
