@@ -131,7 +131,7 @@ def _allgather_start(tensor: torch.Tensor, name, process_set, kind: str = "allga
 
     def finish(outs):
         buf = outs[0][:total] if outs else torch.zeros(0, dtype=torch.uint8)
-        return _from_bytes(buf, t.dtype, shape)
+        return _from_bytes(buf, t.dtype, shape).to(t.device)
     return ops.register_pending(key, [h] if h is not None else [], finish), sizes
 
 
@@ -245,7 +245,7 @@ def _alltoall_start(tensor, splits, name, process_set) -> int:
 
     def finish(outs):
         buf = outs[mine_at][:total_r] if mine_at is not None else torch.zeros(0, dtype=torch.uint8)
-        return _from_bytes(buf, t.dtype, shape), received
+        return _from_bytes(buf, t.dtype, shape).to(t.device), received
     return ops.register_pending(key, handles, finish)
 
 
@@ -310,7 +310,7 @@ def _reducescatter_start(tensor, name, op, pre, post, process_set) -> int:
         if j == r:
             mine_at = len(handles)
         handles.append(ops.submit_key(part, None, op == Average, f"{key}.part{j}", spec=spec, sig=sig))
-    empty = torch.zeros((0, *src.shape[1:]), dtype=src.dtype)
+    empty = torch.zeros((0, *src.shape[1:]), dtype=src.dtype, device=tensor.device)
 
     def finish(outs):
         out = outs[mine_at] if mine_at is not None else empty
