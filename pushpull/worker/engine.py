@@ -43,9 +43,6 @@ DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float3
               torch.int8: "int8", torch.int16: "int16"}
 
 
-REDUCE_OPS = ("sum", "min", "max", "product")
-
-
 @dataclass(frozen=True)
 class KeySpec:
     """What a collective declares about a key. It travels in every worker's INIT and the server
