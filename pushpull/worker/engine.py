@@ -128,7 +128,7 @@ class Op:
     """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
 
     __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
-                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset")
+                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen")
 
     def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor | None,
                  out_bytes: np.ndarray | None, average: bool, priority: int, device: torch.device | None = None,
@@ -187,6 +187,8 @@ class Engine:
         self.tracer = None  # set by the torch layer when tracing
         self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
         self.gen = 0  # membership generation (elastic training); +1 at each RESET from the scheduler
+        self.changed_unseen = False  # a RESET happened and no WorkersChanged reached the caller since
+        self.changed_reason = ""
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
 
@@ -351,6 +353,7 @@ class Engine:
                             f"use one of {sorted(DTYPE_NAME[d] for d in SUPPORTED)}")
         if self.member.failure:
             raise PushPullError(f"push_pull of tensor {name!r}: {self.member.failure}")
+        self.raise_if_changed(name)
         device = tensor.device
         src = tensor.detach()
         if src.device.type != "cpu":
@@ -398,6 +401,7 @@ class Engine:
                 device=device if device.type != "cpu" and reader else None, user_out=user_out, sig=sig,
                 reader=reader, offset=offset)
         op.handle._describe = lambda: self._describe(op)
+        op.gen = self.gen
         op.handle.output = output if output is not None else out
         self.van.call_soon(lambda: self._start(op))
         return op.handle
@@ -437,8 +441,10 @@ class Engine:
                 return None
             e.busy = True
         try:
+            self.raise_if_changed(name)
             return self._push_pull_now(e, tensor, output, name, average, sig)
         except WorkersChanged:
+            self.changed_unseen = False
             raise
         except PushPullError:
             self.stats["errors"] += 1
@@ -513,6 +519,9 @@ class Engine:
     # ------------------------------------------------------------ I/O thread --
     def _start(self, op: Op) -> None:
         e = op.entry
+        if op.gen != self.gen:  # submitted before a change of the job took effect: it belongs to no round
+            self._finish(op, f"tensor {e.name!r}: {self.changed_reason}", WorkersChanged)
+            return
         e.round += 1
         op.round = e.round
         if e.state == "failed":
@@ -782,6 +791,7 @@ class Engine:
         reason = (f"the job changed ({d.get('lost')}): {self.size} workers, this one is rank {self.rank} now "
                   f"(generation {self.gen})")
         log.warning("%s", reason)
+        self.changed_reason, self.changed_unseen = reason, True
         for op in list(self.ops.values()):
             self._finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
         self.ops.clear()
@@ -866,4 +876,15 @@ class Engine:
 
     def wait(self, handle: Handle, timeout: float | None = None):
         """Block until ``handle`` completes; a dead cluster or a timeout raises."""
-        return handle.wait_alive(timeout or self.cfg.timeout, lambda: self.member.failure)
+        try:
+            return handle.wait_alive(timeout or self.cfg.timeout, lambda: self.member.failure)
+        except WorkersChanged:
+            self.changed_unseen = False  # the caller knows now: its next operations belong to the new job
+            raise
+
+    def raise_if_changed(self, name: str) -> None:
+        """The first operation after a change of the job raises WorkersChanged on a worker that had nothing
+        in flight when it happened: it must restore and sync with the others before going on."""
+        if self.changed_unseen:
+            self.changed_unseen = False
+            raise WorkersChanged(f"tensor {name!r}: {self.changed_reason}")

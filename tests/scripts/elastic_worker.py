@@ -4,6 +4,7 @@ from their last commit at size 2 and finish with identical parameters, averaging
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -57,6 +58,7 @@ def train(state):
                 os.kill(os.getpid(), signal.SIGKILL)
             if first_rank == 0 and state.epoch == 2 and step == 4 and KILL == "server" and not state.resets:
                 kill_a_server()
+                time.sleep(1.0)  # the change reaches the job mid-epoch (these epochs take milliseconds)
             b = idx[step * 20:(step + 1) * 20]
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
