@@ -47,19 +47,28 @@ def test_byteps_style_roles_from_dmlc_environment():
                 p.kill()
 
 
+def _start_loop_job(port: int, *env: str) -> subprocess.Popen:
+    """2 workers running loop_worker.py under the launcher, returned once both printed READY."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--port", str(port)]
+    for kv in env:
+        argv += ["--env", kv]
+    argv += ["--", sys.executable, str(ROOT / "tests" / "scripts" / "loop_worker.py")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    while sum("READY" in ln for ln in lines) < 2:
+        line = proc.stdout.readline()
+        if not line:
+            proc.kill()
+            raise AssertionError("".join(lines))
+        lines.append(line)
+    return proc
+
+
 def test_frozen_server_is_declared_dead_and_named():
     port = free_port()
-    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--port", str(port),
-            "--env", "PUSHPULL_HEARTBEAT_TIMEOUT=3", "--env", "PUSHPULL_HEARTBEAT_INTERVAL=0.5", "--",
-            sys.executable, str(ROOT / "tests" / "scripts" / "loop_worker.py")]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _start_loop_job(port, "PUSHPULL_HEARTBEAT_TIMEOUT=3", "PUSHPULL_HEARTBEAT_INTERVAL=0.5")
     server = None
     try:
-        lines = []
-        while sum("READY" in ln for ln in lines) < 2:
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
         for pid in _job_pids(port):
             try:
                 if b"DMLC_ROLE=server" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
@@ -104,15 +113,8 @@ def _job_pids(port: int) -> list[int]:
 def test_job_dies_with_a_sigkilled_launcher():
     """The launcher's children get SIGTERM when it dies (PR_SET_PDEATHSIG): no job runs on unsupervised."""
     port = free_port()
-    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--port", str(port),
-            "--", sys.executable, str(ROOT / "tests" / "scripts" / "loop_worker.py")]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _start_loop_job(port)
     try:
-        lines = []
-        while sum("READY" in ln for ln in lines) < 2:
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
         assert len(_job_pids(port)) >= 4  # scheduler, server, two workers
         proc.kill()
         proc.wait(5)
