@@ -103,6 +103,28 @@ def test_differently_named_tensors_fail_every_worker_within_10s():
         assert "rank(s) [0] declared 'allreduce.named.a'" in text and "rank(s) [1, 2] declared 'allreduce.named.b'" in text, text
 
 
+JOIN_WORKER = str(ROOT / "tests" / "scripts" / "join_worker.py")
+
+
+@pytest.fixture(scope="module")
+def join_job() -> str:
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--",
+            sys.executable, JOIN_WORKER]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    return out
+
+
+def test_join_sums_only_the_ranks_still_running(join_job):
+    assert join_job.count("ALL-OK") == 3 and "FAIL" not in join_job, join_job[-3000:]
+
+
+def test_join_returns_the_last_rank_to_join_and_the_job_goes_on(join_job):
+    assert sorted(re.findall(r"JOIN rank (\d) last (\d) after ([\d.]+)", join_job)) == [
+        ("0", "2", "3.0"), ("1", "2", "3.0"), ("2", "2", "3.0")], join_job[-3000:]
+
+
 def _pids_with_port(port: int) -> list[int]:
     """Processes whose environment names this job's scheduler port."""
     marker = f"DMLC_PS_ROOT_PORT={port}".encode()

@@ -74,6 +74,7 @@ class Scheduler:
         self._next_progress = PROGRESS_EVERY_S
         self._reset_body: dict = {}
         self._reset_waiting: set[bytes] = set()  # servers that have not acknowledged the last RESET
+        self.joined: set[int] = set()  # workers that called join() since the last generation
 
     def run(self) -> int:
         log.info("scheduler listening on %s:%d, expecting %d server(s)", self.cfg.root_uri, self.port, self.num_servers)
@@ -124,6 +125,8 @@ class Scheduler:
                 self._finish(node)
             elif t == MsgType.RESET_ACK:
                 self._reset_ack(node, msg.header.gen)
+            elif t == MsgType.JOIN:
+                self._join(node)
             else:
                 self._error(identity, f"the scheduler does not handle {t.name}")
         except ProtocolError as e:
@@ -337,13 +340,26 @@ class Scheduler:
     def _live_servers(self) -> list[NodeInfo]:
         return [s for s in self.servers if not s.dead]
 
-    def _new_generation(self, lost: str, moved: dict[int, int]) -> None:
+    def _join(self, node: NodeInfo) -> None:
+        """join(): the worker ran out of data. The servers complete rounds without it from now on; when every
+        worker has joined, a new generation starts (every key's rounds from 1, as the joined ranks skipped
+        some) and releases them all with the rank that joined last (Horovod's join)."""
+        if node.role != "worker" or node.node_id in self.joined:
+            return
+        self.joined.add(node.node_id)
+        for s in self._live_servers():
+            self._send(s, Header(MsgType.JOINED, key=node.node_id))
+        if len(self.joined) == len(self.workers):
+            last, self.joined = node.node_id, set()
+            self._new_generation("every worker joined", {}, {"joined_last": last})
+
+    def _new_generation(self, lost: str, moved: dict[int, int], extra: dict | None = None) -> None:
         """Tell the live servers first and the workers once all servers have acknowledged, so that no
         worker pushes in the new generation to a server still in the old one."""
         self.gen += 1
         self._reset_body = {"gen": self.gen, "num_workers": self.num_workers,
                             "ranks": {str(w.info["rank"]): w.node_id for w in self.workers.values()},  # first -> now
-                            "moved": {str(k): v for k, v in moved.items()}, "lost": lost}
+                            "moved": {str(k): v for k, v in moved.items()}, "lost": lost, **(extra or {})}
         self._reset_waiting = {s.identity for s in self._live_servers()}
         for s in self._live_servers():
             self._send(s, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])

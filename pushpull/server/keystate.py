@@ -73,6 +73,7 @@ class KeyState:
     op: str = "sum"  # sum | min | max | product | concat
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
     wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
+    joined: set = field(default_factory=set)  # ranks that called join(): the server's set, shared
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
@@ -91,7 +92,7 @@ class KeyState:
             if rank in slot.pushed:
                 raise RoundError(f"tensor {self.name!r} round {rnd}: rank {rank} pushed twice")
             return slot
-        if slot.round == -1 or (slot.round == rnd - 2 and len(slot.pulled) == self.num_workers):
+        if slot.round == -1 or (slot.round == rnd - 2 and len(slot.pulled | self.joined) >= self.num_workers):
             slot.round = rnd
             slot.pushed.clear()
             slot.pulled.clear()
@@ -134,12 +135,25 @@ class KeyState:
         else:
             slot.acc.add(data)
         slot.pushed.add(rank)
-        if len(slot.pushed) == self.num_workers:
-            result = slot.acc.result()
-            slot.out = self.codec.compress_sum(result) if self.codec is not None else result
-            slot.ready = True
+        if len(slot.pushed | self.joined) >= self.num_workers:
+            self._complete(slot)
             return slot
         return None
+
+    def _complete(self, slot: Slot) -> None:
+        result = slot.acc.result()
+        slot.out = self.codec.compress_sum(result) if self.codec is not None else result
+        slot.ready = True
+
+    def complete_without_joined(self) -> list:
+        """Rounds that only waited for ranks that have joined since: complete them now (join())."""
+        done = []
+        for slot in self.slots:
+            if (slot.round != -1 and not slot.ready and slot.error is None and slot.pushed
+                    and len(slot.pushed | self.joined) >= self.num_workers):
+                self._complete(slot)
+                done.append(slot)
+        return done
 
     def pull(self, rnd: int, rank: int) -> Slot:
         slot = self.slots[rnd % 2]

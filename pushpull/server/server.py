@@ -52,6 +52,7 @@ class Server:
         self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},
                              on_registered=self._on_registered, on_message=self._scheduler_message)
         self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped
+        self.joined: set[int] = set()  # ranks that called join() (shared with every KeyState)
         self.rank_now: dict[int, int] | None = None  # a connection's first rank -> its rank now (after a RESET)
         self._early: list[tuple[bytes, Msg]] = []  # worker messages that beat our address book
         self.keys: dict[int, KeyState] = {}
@@ -94,19 +95,37 @@ class Server:
 
     # ------------------------------------------------------------ replies --
     def _scheduler_message(self, msg: Msg) -> None:
-        """RESET (elastic): the workers changed. Drop every round in flight (the workers fail theirs and
-        start again from round 1), expect the new number of pushes, map connections to their new ranks."""
+        """RESET (elastic, or the end of a join): the workers changed. Drop every round in flight (the workers
+        fail theirs and start again from round 1), expect the new number of pushes, map connections to their
+        new ranks. JOINED: a worker ran out of data (join()): rounds complete without it from now on."""
+        if msg.header.type == MsgType.JOINED:
+            self._joined(int(msg.header.key))
+            return
         if msg.header.type != MsgType.RESET:
             return
         d = decode_json(msg.body())
+        self.joined.clear()
         self.gen = int(d["gen"])
         self.num_workers = int(d["num_workers"])
         self.rank_now = {int(first): int(now) for first, now in d["ranks"].items()}
         for ks in self.keys.values():
             ks.reset(self.num_workers)
         self.pending_inits.clear()  # the workers declare again what was pending
-        log.warning("workers changed (%s): generation %d, %d workers", d.get("lost"), self.gen, self.num_workers)
+        (log.info if "joined_last" in d else log.warning)("workers changed (%s): generation %d, %d workers",
+                                                          d.get("lost"), self.gen, self.num_workers)
         self.member.send(Header(MsgType.RESET_ACK, gen=self.gen))
+
+    def _joined(self, rank: int) -> None:
+        """Rank ``rank`` called join(): it contributes nothing to the rounds the others still run (Horovod's
+        join), so rounds and declarations that only waited for it complete now, and later ones without it."""
+        self.joined.add(rank)
+        for key, pend in list(self.pending_inits.items()):
+            self._complete_init(key, pend)
+        for ks in self.keys.values():
+            for slot in ks.complete_without_joined():
+                for ident, r, req_id in slot.waiting:
+                    self._answer_pull(ident, r, req_id, ks.key, slot.round, ks, slot)
+                slot.waiting.clear()
 
     def _reply(self, identity: bytes, header: Header, frames: list = ()) -> None:
         header.gen = self.gen
@@ -201,9 +220,15 @@ class Server:
             return
         pend = self.pending_inits.setdefault(h.key, {"since": time.monotonic(), "by": {}})
         pend["by"][rank] = (identity, h.req_id, decl)
-        if len(pend["by"]) < self.num_workers:
+        self._complete_init(h.key, pend)
+
+    def _complete_init(self, key: int, pend: dict) -> None:
+        """Create the key once every worker (but those that joined: they declare nothing) declared it, and
+        the declarations agree."""
+        if len(set(pend["by"]) | self.joined) < self.num_workers:
             return
-        del self.pending_inits[h.key]
+        del self.pending_inits[key]
+        decl = next(iter(pend["by"].values()))[2]
         variants: dict[str, list[int]] = {}
         for r, (_, _, d) in sorted(pend["by"].items()):
             sig = f"{d['dtype']}[{d['numel']}] compression={d['compression']}"
@@ -217,36 +242,37 @@ class Server:
             variants.setdefault(sig, []).append(r)
         if len(variants) > 1:
             detail = "; ".join(f"rank(s) {rs}: {sig}" for sig, rs in variants.items())
-            text = f"tensor {decl['name']!r} (key {h.key}) differs across workers: {detail}"
+            text = f"tensor {decl['name']!r} (key {key}) differs across workers: {detail}"
             for ident, req_id, _ in pend["by"].values():
-                self._error(ident, h.key, text, req_id)
+                self._error(ident, key, text, req_id)
             return
-        ks = KeyState(h.key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
+        ks = KeyState(key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
+        ks.joined = self.joined
         ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
         ks.op = decl["op"]
         ks.readers = frozenset(decl["readers"]) if decl["readers"] is not None else None
         if self.cfg.enable_async and ks.op != "sum":
             for ident, req_id, _ in pend["by"].values():
-                self._error(ident, h.key, f"tensor {decl['name']!r}: BYTEPS_ENABLE_ASYNC only sums ({ks.op} "
+                self._error(ident, key, f"tensor {decl['name']!r}: BYTEPS_ENABLE_ASYNC only sums ({ks.op} "
                                           f"asked)", req_id)
             return
         if decl["compression"]:
             try:
                 from pushpull.server.codec import ServerCodec
 
-                ks.codec = ServerCodec(decl["compression"], decl["dtype"], decl["numel"], key=h.key)
+                ks.codec = ServerCodec(decl["compression"], decl["dtype"], decl["numel"], key=key)
             except Exception as e:  # a bad spec is the workers' error, not a server crash
                 for ident, req_id, _ in pend["by"].values():
-                    self._error(ident, h.key, f"tensor {decl['name']!r}: compression {decl['compression']} "
+                    self._error(ident, key, f"tensor {decl['name']!r}: compression {decl['compression']} "
                                               f"rejected by the server: {e}", req_id)
                 return
         if self.cfg.enable_async:
             from pushpull.server.reduce import ACC_NP
 
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
-        self.keys[h.key] = ks
+        self.keys[key] = ks
         for ident, req_id, _ in pend["by"].values():
-            self._reply(ident, Header(MsgType.INIT_ACK, key=h.key, req_id=req_id))
+            self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id))
 
     def _status(self, identity: bytes, h: Header) -> None:
         """Which ranks key ``h.key`` has heard from, for round ``h.round`` (or its INIT if still pending), so

@@ -245,10 +245,14 @@ def barrier(process_set=global_process_set) -> None:
 
 
 def join(device: int = -1) -> int:
-    raise NotImplementedError("join() is not provided by pushpull: a parameter server's round waits for "
-                              "every worker's push, so a worker that ran out of data cannot stand in for the "
-                              "others' reductions; give every worker the same number of steps (e.g. a "
-                              "DistributedSampler with drop_last=True)")
+    """Horovod's join(): this worker has no more data. Until every worker has joined, the others' reductions
+    complete without it (it contributes nothing: as zeros to a sum or an average over size(); a min, max or
+    product is taken over the workers still training); returns the rank that joined last."""
+    eng = ops.engine()
+    if eng is None:
+        ops._need_init()
+        return ops.rank()
+    return eng.join()
 
 
 def _no() -> bool:

@@ -37,6 +37,8 @@ class MsgType(enum.IntEnum):
     RESET = 12          # elastic: the workers changed (new generation, ranks, size); servers first
     RESET_ACK = 13      # a server applied a RESET
     PROGRESS = 14       # scheduler -> registered nodes: who the job still waits for (JSON text)
+    JOIN = 15           # worker -> scheduler: this rank ran out of data (join()); key = its rank
+    JOINED = 16         # scheduler -> servers: rank ``key`` joined, rounds complete without it
     # key-value (server)
     INIT = 20           # first push of a key: name, numel, dtype, compression
     INIT_ACK = 21

@@ -188,6 +188,8 @@ class Engine:
         self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
         self.gen = 0  # membership generation (elastic training); +1 at each RESET from the scheduler
         self.changed_unseen = False  # a RESET happened and no WorkersChanged reached the caller since
+        self._join_done = threading.Event()  # join(): set when every worker has joined
+        self._join_last = -1
         self.changed_reason = ""
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
@@ -776,6 +778,18 @@ class Engine:
         else:
             log.warning("unexpected %s from the scheduler ignored", h.type.name)
 
+    def join(self) -> int:
+        """Horovod's join(): this worker ran out of data. Until every worker has joined, the servers complete
+        the others' rounds without it (it contributes nothing, as if it pushed zeros to a sum); then every
+        worker's rounds start again and all are released with the rank that joined last. Waits as long as the
+        others train, checking that the cluster is alive."""
+        self._join_done.clear()
+        self.member.send(Header(MsgType.JOIN, key=self.rank))
+        while not self._join_done.wait(0.25):
+            if self.member.failure:
+                raise PushPullError(f"join(): {self.member.failure}")
+        return self._join_last
+
     def _reset(self, d: dict) -> None:
         """The workers changed (elastic; servers have applied it already): take the new rank and size, fail
         every op in flight with WorkersChanged (the caller restores its last commit and goes on), and start
@@ -790,7 +804,7 @@ class Engine:
         self.member.node_id = self.rank
         reason = (f"the job changed ({d.get('lost')}): {self.size} workers, this one is rank {self.rank} now "
                   f"(generation {self.gen})")
-        log.warning("%s", reason)
+        (log.info if "joined_last" in d else log.warning)("%s", reason)
         self.changed_reason, self.changed_unseen = reason, True
         for op in list(self.ops.values()):
             self._finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
@@ -813,6 +827,11 @@ class Engine:
             e.round = 0
             if e.state == "initing":  # declarations pending, or moved to another server: declare again
                 self._send_inits(e, [p for p in e.parts if not p.inited])
+        if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
+            self.changed_unseen = False
+            self._join_last = int(d["joined_last"])
+            self._join_done.set()
+            return
         for fn in self.on_reset:
             fn(self.rank, self.size)
 

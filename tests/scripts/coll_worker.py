@@ -563,7 +563,6 @@ def _():
     raises(lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0])), NotImplementedError,
            "process sets")
     raises(lambda: hvd.add_process_set([0]), NotImplementedError, "process sets")
-    raises(lambda: hvd.join(), NotImplementedError, "join()")
 
 
 def _equiv(name, steps=3, **kw):
