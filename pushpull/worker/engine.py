@@ -784,6 +784,10 @@ class Engine:
         worker's rounds start again and all are released with the rank that joined last. Waits as long as the
         others train, checking that the cluster is alive."""
         self._join_done.clear()
+        while self.ops or self.queue:  # its own reductions first: a push after JOIN would come too late
+            if self.member.failure:
+                raise PushPullError(f"join(): {self.member.failure}")
+            time.sleep(0.005)
         self.member.send(Header(MsgType.JOIN, key=self.rank))
         while not self._join_done.wait(0.25):
             if self.member.failure:
