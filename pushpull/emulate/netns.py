@@ -56,6 +56,8 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from pushpull import units
+
 log = logging.getLogger(__name__)
 
 NAME_ROOT = "ppx"  # every namespace this module creates starts with it
@@ -84,30 +86,15 @@ def _run(argv: Sequence[str], check: bool = True, timeout: float = CMD_TIMEOUT) 
     return cp
 
 
-_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+def parse_rate(rate) -> float:
+    """A link rate ('200mbit', '1gbit', '10MB/s') -> bits per second; units as everywhere in pushpull
+    (:mod:`pushpull.units`: 'mbps' is megabits, bytes only as 'MB/s'), whatever tc would make of them."""
+    return units.rate_bits(rate, "rate")
 
 
-def parse_rate(rate: str) -> float:
-    """tc-style rate ('200mbit', '1gbit', '10mbps' = bytes) -> bits per second."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*", rate.lower())
-    if not m:
-        raise ValueError(f"cannot parse rate {rate!r}; use e.g. '200mbit' or '1gbit'")
-    bits = float(m.group(1)) * _UNITS[m.group(2)]
-    if m.group(3) == "bps":  # tc: bps = bytes per second
-        bits *= 8
-    if bits <= 0:
-        raise ValueError(f"rate must be positive, got {rate!r}")
-    return bits
-
-
-def parse_time(t: str) -> float:
-    """tc-style time ('1ms', '500us', '0.2s', '3') -> seconds (bare number = ms, as tc)."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(s|sec|ms|msec|us|usec)?\s*", t.lower())
-    if not m:
-        raise ValueError(f"cannot parse time {t!r}; use e.g. '1ms' or '200us'")
-    v = float(m.group(1))
-    unit = m.group(2) or "ms"
-    return v * {"s": 1, "sec": 1, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6}[unit]
+def parse_time(t) -> float:
+    """A delay ('1ms', '500us', '0.2s') -> seconds (:mod:`pushpull.units`: a bare number is refused)."""
+    return units.duration_s(t, "delay")
 
 
 def tbf_params(rate_bps: float, extra_queue_s: float = 0.0) -> tuple[int, int]:

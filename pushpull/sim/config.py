@@ -7,8 +7,9 @@ seconds); the parsers exist so that a command line or a benchmark row can say
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
+
+from pushpull import units
 
 BACKENDS = ("ps", "allreduce")
 COMPUTE_CLOCKS = ("sequential", "deadline")
@@ -17,70 +18,20 @@ COMPUTE_CLOCKS = ("sequential", "deadline")
 # unit parsing
 # ---------------------------------------------------------------------------
 
-_RATE_UNITS = {
-    # bits per second
-    "bit": 1 / 8, "bps": 1 / 8,
-    "kbit": 1e3 / 8, "kbps": 1e3 / 8,
-    "mbit": 1e6 / 8, "mbps": 1e6 / 8,
-    "gbit": 1e9 / 8, "gbps": 1e9 / 8,
-    "tbit": 1e12 / 8, "tbps": 1e12 / 8,
-    # bytes per second (explicit "B/s" spellings only, to avoid gb/GB confusion)
-    "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
-}
-
-_SIZE_UNITS = {
-    "": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
-    "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3,
-}
-
-_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-_NUM = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
-
-
-def _parse(value, units: dict, what: str, arg: str, allow_inf: bool = False) -> float:
-    if isinstance(value, (int, float)):
-        v = float(value)
-    else:
-        s = str(value).strip()
-        if allow_inf and s.lower() in ("inf", "infinite", "infinity"):
-            return math.inf
-        m = re.fullmatch(_NUM + r"\s*([a-zA-Zµ/]*)", s)
-        if not m:
-            raise ValueError(f"{arg}: cannot parse {value!r} as a {what}")
-        unit = m.group(2)
-        # "25Gbps" and "25gbps" are bits; "25GB/s" is bytes -- only the "/s" form is bytes
-        key = unit.lower()
-        if key not in units:
-            raise ValueError(f"{arg}: unknown unit {unit!r} in {value!r} (expected one of "
-                             f"{', '.join(sorted(k for k in units if k))})")
-        v = float(m.group(1)) * units[key]
-    if v < 0 or math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{arg}: {what} must be a finite number >= 0, got {value!r}")
-    return v
-
-
 def parse_bandwidth(value, arg: str = "bandwidth") -> float:
-    """``10gbit``, ``100mbit``, ``25Gbps`` -> bytes/s (``1.25e9`` for 10 Gbit/s).
-
-    Bare numbers are bytes/s; ``1.25GB/s`` is bytes/s too; ``inf`` means an
-    infinitely fast network. ``10GB`` is refused: bits or bytes is ambiguous.
-    """
-    v = _parse(value, _RATE_UNITS, "bandwidth", arg, allow_inf=True)
-    if v == 0:
-        raise ValueError(f"{arg}: bandwidth must be > 0, got {value!r}")
-    return v
+    """``10gbit``, ``100mbit``, ``25Gbps``, ``1.25GB/s`` -> bytes/s; ``inf`` = an infinitely fast network.
+    Units: :mod:`pushpull.units` (a number from code is bytes/s; a string needs a unit)."""
+    return units.rate_bytes(value, arg, allow_inf=True)
 
 
 def parse_bytes(value, arg: str = "bytes") -> int:
     """``4MB``, ``4096000``, ``64MiB`` -> bytes (decimal k/M/G, binary KiB/MiB/GiB)."""
-    v = _parse(value, _SIZE_UNITS, "size", arg, allow_inf=False)
-    return int(round(v))
+    return units.size_bytes(value, arg)
 
 
 def parse_duration(value, arg: str = "latency") -> float:
-    """``50us``, ``1ms``, ``0.2`` (seconds) -> seconds."""
-    return _parse(value, _TIME_UNITS, "duration", arg)
+    """``50us``, ``1ms``, ``0.2s`` -> seconds (a number from code is seconds; a string needs a unit)."""
+    return units.duration_s(value, arg)
 
 
 def format_bandwidth(bps: float) -> str:
