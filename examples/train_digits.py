@@ -61,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-compress-bytes", type=int, default=None,
                    help="tensors smaller than this are sent uncompressed (default: BYTEPS_MIN_COMPRESS_BYTES, "
                         "65536); most of this small CNN's tensors are below the default")
+    p.add_argument("--asynchronous", action="store_true",
+                   help="asynchronous training: each worker steps on its own gradients and pushes the change "
+                        "to the servers' parameters (no worker waits for another); lr is not scaled by workers")
     p.add_argument("--min-accuracy", type=float, default=None,
                    help="exit with status 1 if the final test accuracy is below this")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -199,12 +202,16 @@ def main(argv=None) -> int:
     x_train, y_train, x_test, y_test = load_data(args.seed, args.test_fraction)
     torch.manual_seed(args.seed + rank)  # different on purpose: broadcast_parameters makes them equal
     model = build_model(args.model)
-    lr = args.lr * size
+    lr_workers = 1 if args.asynchronous else size  # synchronous: linear scaling with the averaged batch
+    lr = args.lr * lr_workers
     momentum = sgd_momentum(args)
     compression = compression_from(args)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=1e-4)
-    opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=compression, strategy=args.strategy, model=model)
+    if args.asynchronous:
+        opt = bps.AsyncOptimizer(opt, named_parameters=model.named_parameters())
+    else:
+        opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=compression, strategy=args.strategy, model=model)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(opt, root_rank=0)
 
@@ -248,7 +255,7 @@ def main(argv=None) -> int:
             rank, size = bps.rank(), bps.size()  # read at every epoch: they change when a worker is lost
             steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
             total_steps, warmup = args.epochs * steps, round(args.warmup_epochs * steps)
-            lr = args.lr * size
+            lr = args.lr * (1 if args.asynchronous else size)
             idx = shard(len(y_train), epoch, args.seed, rank, size)
             t0 = time.perf_counter()
             pushed0 = eng.stats["bytes_pushed"] if eng is not None else 0

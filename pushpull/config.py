@@ -205,7 +205,9 @@ SETTINGS: tuple[Setting, ...] = (
       "engine queue by key priority; here each worker's default credit window keeps only about a bandwidth-delay "
       "product in flight, so a server's queue holds little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
-      "Asynchronous training: workers push parameter deltas, pulls return the server's parameters at once."),
+      "BytePS's server-wide switch: every key is a parameter store (a push adds a delta, a pull returns the "
+      "parameters at once), so plain reductions accumulate instead of summing. pushpull.torch.AsyncOptimizer "
+      "declares only its parameters as stores and needs no setting (docs/api.md)."),
     # --- security (docs/security.md)
     S("auth", [], "auto", _choice("auto", "curve", "plain", "none"), "auto | curve | plain | none",
       "How nodes prove they belong to the job (credentials derived from the job secret; a peer without them "

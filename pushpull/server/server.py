@@ -200,7 +200,7 @@ class Server:
         decl = {"name": str(req.get("name")), "numel": int(h.numel), "dtype": dtype_name(h.dtype),
                 "compression": req.get("compression"), "op": str(req.get("op") or "sum"),
                 "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta")}
-        if decl["op"] not in ("sum", "min", "max", "product", "concat") or (
+        if decl["op"] not in ("sum", "min", "max", "product", "concat", "store") or (
                 decl["readers"] is not None and not all(isinstance(r, int) for r in decl["readers"])):
             self._error(identity, h.key, f"tensor {decl['name']!r}: op {decl['op']!r} / readers "
                                          f"{decl['readers']!r} not understood", h.req_id)
@@ -251,7 +251,7 @@ class Server:
         ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
         ks.op = decl["op"]
         ks.readers = frozenset(decl["readers"]) if decl["readers"] is not None else None
-        if self.cfg.enable_async and ks.op != "sum":
+        if self.cfg.enable_async and ks.op not in ("sum", "store"):
             for ident, req_id, _ in pend["by"].values():
                 self._error(ident, key, f"tensor {decl['name']!r}: BYTEPS_ENABLE_ASYNC only sums ({ks.op} "
                                           f"asked)", req_id)
@@ -266,7 +266,7 @@ class Server:
                     self._error(ident, key, f"tensor {decl['name']!r}: compression {decl['compression']} "
                                               f"rejected by the server: {e}", req_id)
                 return
-        if self.cfg.enable_async:
+        if self.cfg.enable_async or ks.op == "store":  # asynchronous training: the servers keep the parameters
             from pushpull.server.reduce import ACC_NP
 
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])

@@ -1,0 +1,74 @@
+"""Asynchronous training (BytePS's ``enable_async``) from PyTorch.
+
+Why: with synchronous rounds one slow worker sets everyone's pace. Here no worker waits for another:
+each runs its own optimizer step on its own gradients, pushes the change it made to the parameters
+(a delta), and pulls the servers' parameters, which every worker's deltas have moved, at once.
+
+How: each parameter is a *store* key on the servers (declared ``op="store"``; only keys declared so
+are stores, so metric reductions and broadcasts in the same job keep their meaning). The servers'
+copy starts as rank 0's parameters: rank 0 adds them to the empty store, every worker waits at a
+barrier, then all pull. After that a step is: local step -> push delta -> pull parameters. Only job
+members can push (authenticated connections, the sender checked against its connection). The
+learning rate is a single worker's: every delta lands, so n workers take n steps of it per round.
+"""
+from __future__ import annotations
+
+import torch
+
+from pushpull.torch import ops
+from pushpull.worker.engine import KeySpec
+
+STORE = KeySpec(kind="async", op="store")
+
+
+class _AsyncOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters):
+        super(self.__class__, self).__init__(params)  # type: ignore[misc]
+        mine = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            self._keys = {p: f"async.noname.{i}" for i, p in enumerate(mine)}
+        else:
+            by_id = {id(p): n for n, p in named_parameters}
+            self._keys = {p: f"async.{by_id[id(p)]}" for p in mine if id(p) in by_id}
+            missing = [i for i, p in enumerate(mine) if id(p) not in by_id]
+            if missing:
+                raise ValueError(f"{len(missing)} parameter(s) of the optimizer are not in named_parameters")
+        self.pushes = 0
+        self._start()
+
+    def _start(self) -> None:
+        """The servers' parameters start as rank 0's, and every worker starts from them."""
+        if ops.engine() is None:
+            return
+        for p, key in self._keys.items():
+            mine = p.detach().clone() if ops.rank() == 0 else torch.zeros_like(p.detach())
+            ops.reduce_now(mine, None, False, key, spec=STORE)
+        ops.barrier()
+        self._pull_all()
+
+    def _pull_all(self) -> None:
+        for p, key in self._keys.items():
+            with torch.no_grad():
+                p.copy_(ops.reduce_now(torch.zeros_like(p.detach()), None, False, key, spec=STORE))
+
+    def step(self, closure=None):
+        if ops.engine() is None:
+            return super(self.__class__, self).step(closure)  # type: ignore[misc]
+        before = {p: p.detach().clone() for p in self._keys}
+        result = super(self.__class__, self).step(closure)  # type: ignore[misc]
+        handles = [(p, ops.submit_key(p.detach() - before[p], None, False, key, 0, None, STORE))
+                   for p, key in self._keys.items()]
+        with torch.no_grad():
+            for p, h in handles:  # the servers' parameters, with every worker's deltas so far
+                p.copy_(ops.synchronize(h))
+        self.pushes += 1
+        return result
+
+
+def AsyncOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` for asynchronous training (module docstring). Call it on every worker at the
+    same point (its start is a collective: the servers take rank 0's parameters)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"AsyncOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_AsyncOptimizer.__dict__))
+    return cls(optimizer.param_groups, list(named_parameters) if named_parameters is not None else None)
