@@ -7,7 +7,8 @@ each runs its own optimizer step on its own gradients, pushes the change it made
 How: each parameter is a *store* key on the servers (declared ``op="store"``; only keys declared so
 are stores, so metric reductions and broadcasts in the same job keep their meaning). The servers'
 copy starts as rank 0's parameters: rank 0 adds them to the empty store, every worker waits at a
-barrier, then all pull. After that a step is: local step -> push delta -> pull parameters. Only job
+barrier, all pull, and wait at a second one (a fast worker's first delta must not reach the servers
+before a slow one has pulled the start). After that a step is: local step -> push delta -> pull parameters. Only job
 members can push (authenticated connections, the sender checked against its connection). The
 learning rate is a single worker's: every delta lands, so n workers take n steps of it per round.
 """
@@ -45,6 +46,7 @@ class _AsyncOptimizer(torch.optim.Optimizer):
             ops.reduce_now(mine, None, False, key, spec=STORE)
         ops.barrier()
         self._pull_all()
+        ops.barrier()  # nobody's first delta may reach the servers before everyone has pulled the start
 
     def _pull_all(self) -> None:
         for p, key in self._keys.items():

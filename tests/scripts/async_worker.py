@@ -14,7 +14,7 @@ start = bps.push_pull(model.weight.detach().clone() if r == 0 else torch.zeros(1
                       name="rank0.weight")  # rank 0's initial weight, for the check
 opt = bps.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters())
 if not torch.equal(model.weight.detach(), start):
-    print(f"FAIL: rank {r} did not start from rank 0's parameters", flush=True)
+    print(f"FAIL: rank {r} did not start from rank 0's parameters: {model.weight.tolist()} vs {start.tolist()}", flush=True)
     sys.exit(3)
 for _ in range(5):  # each step moves the weight by -1 (gradient of sum(w) is 1, lr 1)
     opt.zero_grad()
