@@ -140,4 +140,4 @@ def _average_of_op(op) -> bool:
         return True
     if value == 1:
         return False
-    raise NotImplementedError("op: parameter servers only sum, so pushpull supports op=Average and op=Sum")
+    raise NotImplementedError("op: the Keras DistributedOptimizer reduces gradients with op=Average or op=Sum")

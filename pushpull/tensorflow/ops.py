@@ -40,7 +40,7 @@ barrier = _ops.barrier
 
 
 class ReduceOp(int):
-    """Horovod's reduction operators. Parameter servers sum; Average is the sum divided by size()."""
+    """Horovod's reduction operators. This binding reduces with Average (the sum divided by size()) and Sum."""
 
     _names = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
 
@@ -74,8 +74,9 @@ def _average_of(average: bool | None, op) -> bool:
         return True
     if int(op) == Sum:
         return False
-    raise NotImplementedError(f"op={ReduceOp(int(op))!r}: parameter servers only sum, so pushpull supports "
-                              f"op=Average and op=Sum")
+    raise NotImplementedError(f"op={ReduceOp(int(op))!r}: the TensorFlow binding supports op=Average and op=Sum "
+                              f"(Min, Max and Product run on the servers through pushpull.torch.allreduce, "
+                              f"not from TensorFlow yet; Adasum nowhere)")
 
 
 def _spec(compression) -> Compressor | None:
