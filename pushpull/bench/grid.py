@@ -79,6 +79,7 @@ import socket
 import statistics
 import sys
 
+from pushpull import units
 from pushpull.cli import help_text
 import tempfile
 import time
@@ -115,7 +116,7 @@ def _bytes(v):
         return WHOLE
     if isinstance(v, str) and v.lower() in ("inf", "none", "unlimited"):
         return WHOLE
-    return int(float(v))
+    return units.size_bytes(v, "partition_bytes/credit_bytes")
 
 
 def strategy_spec(name: str, cfg: dict) -> dict:
@@ -162,8 +163,6 @@ def scaled_ps_partition_bytes(size_scale: float) -> int:
 
 def expand(cfg: dict) -> list[dict]:
     """The grid's jobs, each with its cells' strategies."""
-    from pushpull.sim.config import parse_bandwidth
-
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
@@ -182,7 +181,7 @@ def expand(cfg: dict) -> list[dict]:
         if not runs:
             continue
         prof, size_scale, grad_bytes = scaled_profile(model, grad_mb)
-        bw_bytes = parse_bandwidth(bw)
+        bw_bytes = units.rate_bytes(bw, "bandwidths", allow_inf=True)
         compute_scale = float(ratio) * (grad_bytes / bw_bytes) / prof.compute_s
         p_def, c_def = BS_DEFAULTS[backend]
         runs = [dict(r, partition_bytes=r["partition_bytes"] or (max(4096, int(p_def * size_scale))

@@ -23,6 +23,8 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
+from pushpull import dtypes as _dt
+
 __all__ = [
     "Payload",
     "Compressor",
@@ -44,20 +46,10 @@ _ALIGN = 8
 # per-call overhead of NumPy is noise.
 CHUNK = 1 << 16
 
-_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-)
-_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# payload dtype id <-> torch dtype: the ``payload`` numbering of pushpull.dtypes
+_DTYPES: dict[int, torch.dtype] = {code: d.torch for code, d in _dt.BY_PAYLOAD.items()}
+_DTYPE_CODE = {dt: code for code, dt in _DTYPES.items()}
+FLOAT_DTYPES = tuple(_dt.to_torch(n) for n in _dt.FLOAT_NAMES)
 
 # codec id -> compressor class; filled by @register_codec at import time.
 _CODECS: dict[int, type["Compressor"]] = {}
@@ -154,9 +146,9 @@ class Payload:
             raise ValueError(f"not a pushpull payload (magic {magic!r}, expected {MAGIC!r})")
         if version != VERSION:
             raise ValueError(f"payload version {version} not supported (expected {VERSION})")
-        if dcode >= len(_DTYPES):
+        dtype = _DTYPES.get(dcode)
+        if dtype is None:
             raise ValueError(f"payload has unknown dtype code {dcode}")
-        dtype = _DTYPES[dcode]
         shape = struct.unpack_from(f"<{ndim}q", arr, HEADER.size)
         if math.prod(shape) != numel:
             raise ValueError(f"payload shape {shape} does not match numel {numel}")

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import zmq
 
+from pushpull import dtypes
 from pushpull.cluster.assign import part_key
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
@@ -36,11 +37,9 @@ from pushpull.worker.window import AutoWindow
 log = logging.getLogger(__name__)
 FINISH_AFTER_ERROR_S = 2.0  # how long a worker that raised an error waits for the others at shutdown
 
-SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
-             torch.uint8, torch.int8, torch.int16}
-DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-              torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-              torch.int8: "int8", torch.int16: "int16"}
+# the dtypes a push_pull carries, and their names (pushpull.dtypes)
+DTYPE_NAME = {t: d.name for t, d in dtypes.torch_table().items() if d.header is not None}
+SUPPORTED = set(DTYPE_NAME)
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,9 @@ class KeySpec:
 PLAIN = KeySpec()
 
 # dtypes NumPy can average in place as they arrive (bfloat16 has no NumPy type)
-_NP_FLOAT = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
-_NP_VIEW = set(SUPPORTED) - {torch.bfloat16}
+_NP_FLOAT = {t: dtypes.BY_NAME[n].np_native for t, n in DTYPE_NAME.items()
+             if dtypes.BY_NAME[n].floating and dtypes.BY_NAME[n].np_native is not None}
+_NP_VIEW = {t for t, n in DTYPE_NAME.items() if dtypes.BY_NAME[n].np_native is not None}
 
 
 def _describe_spec(spec: KeySpec) -> str:
