@@ -217,18 +217,18 @@ _HOROVOD_OPTIONS = {"op", "gradient_predivide_factor", "num_groups", "groups", "
 
 def _strategy_options(name: str) -> set[str]:
     """Keyword options the strategy called ``name`` takes (its constructors' named parameters)."""
-    import importlib
     import inspect
 
-    from pushpull.torch.strategies import _REGISTRY
+    from pushpull import policy
+    from pushpull.torch.strategies import _OVERRIDES, strategy_class
 
-    target = _REGISTRY.get(name)
-    if target is None:
+    try:
+        klass = strategy_class(name)
+    except ValueError:
         return set()
-    mod, cls = target.split(":")
-    found = set()
-    for klass in getattr(importlib.import_module(mod), cls).__mro__:
-        init = klass.__dict__.get("__init__")
+    found = set(policy.get(name).options) if name not in _OVERRIDES else set()
+    for k in klass.__mro__:
+        init = k.__dict__.get("__init__")
         if init is None:
             continue
         for p in inspect.signature(init).parameters.values():
