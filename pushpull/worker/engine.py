@@ -314,26 +314,14 @@ class Engine:
         pbytes = max(itemsize, self.cfg.partition_bytes // itemsize * itemsize)
         parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
         if compression:
-            from pushpull.compression import normalize_spec
+            from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
 
-            explicit_min = isinstance(compression, dict) and "min_compress_bytes" in compression
             try:
-                compression = normalize_spec(compression)
+                use_compression = for_tensor(compression, nbytes, dtype.is_floating_point, self.cfg.min_compress_bytes)
             except (ValueError, TypeError) as ex:
                 raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
-            min_bytes = compression["min_compress_bytes"] if explicit_min else self.cfg.min_compress_bytes
-            if compression["compressor"] == "none" and compression["ef"] == "none" \
-                    and compression["momentum"] == "none":
-                compression = None
         else:
-            min_bytes = 0
-        use_compression = compression if (compression and nbytes >= min_bytes
-                                           and dtype.is_floating_point) else None
-        if (use_compression is None and compression and dtype.is_floating_point and nbytes > 0
-                and compression["momentum"] != "none"):
-            # worker momentum replaces the optimizer's for every tensor, so a tensor too small to be
-            # compressed still gets it (sent raw through the identity codec), or it would get none
-            use_compression = dict(compression, compressor="none", ef="none")
+            use_compression = None
         if spec.op != "sum" and use_compression is not None:
             raise ValueError(f"tensor {name!r}: compression needs a sum on the servers, not {spec.op}")
         e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,

@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 from pushpull.policy import bytescheduler as policy
-from pushpull.policy.bytescheduler import DEFAULTS  # noqa: F401  (re-exported)
 from pushpull.sim.config import ClusterConfig
 from pushpull.sim.strategies.base import CommTask, Discipline, Strategy, StrategyContext
 

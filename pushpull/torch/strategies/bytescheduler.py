@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from pushpull.policy import bytescheduler as policy
-from pushpull.policy.bytescheduler import DEFAULTS  # noqa: F401  (re-exported)
 from pushpull.torch import ops
 from pushpull.torch.strategies.base import Strategy
 

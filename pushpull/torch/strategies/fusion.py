@@ -19,7 +19,7 @@ from pushpull.torch import ops
 from pushpull.torch.strategies.planned import PlannedStrategy
 
 
-__all__ = ["Fusion", "fusion_plan"]
+__all__ = ["Fusion"]
 
 
 class Fusion(PlannedStrategy):

@@ -26,7 +26,7 @@ from pushpull.torch.strategies.planned import PlannedStrategy
 PROBE_BYTES = (4096, 65536, 524288, 2097152)
 
 
-__all__ = ["MGWFBP", "fit_alpha_beta", "mgwfbp_groups"]
+__all__ = ["MGWFBP"]
 
 
 class MGWFBP(PlannedStrategy):
