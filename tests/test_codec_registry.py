@@ -137,3 +137,37 @@ def test_a_real_push_pull_uses_the_new_codec(int8q):
             "--", sys.executable, str(script)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=150, cwd=ROOT)
     assert res.returncode == 0 and res.stdout.count("ALL-OK") == 2, (res.stdout + res.stderr)[-5000:]
+
+
+# -------------------------------------------------- which tensors are compressed (compression.for_tensor) --
+ONEBIT_NM = {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"}
+
+
+def test_a_tensor_at_the_minimum_size_is_compressed():
+    assert comp.for_tensor({"compressor": "onebit"}, 65536, True, 65536)["compressor"] == "onebit"
+
+
+def test_a_smaller_tensor_is_sent_raw():
+    assert comp.for_tensor({"compressor": "onebit"}, 65535, True, 65536) is None
+
+
+def test_the_spec_minimum_wins_over_the_setting():
+    assert comp.for_tensor({"compressor": "onebit", "min_compress_bytes": 0}, 4, True, 65536) is not None
+
+
+def test_an_integer_tensor_is_never_compressed():
+    assert comp.for_tensor(ONEBIT_NM, 1 << 20, False, 0) is None
+
+
+def test_momentum_still_applies_to_a_tensor_too_small_to_compress():
+    got = comp.for_tensor(ONEBIT_NM, 400, True, 65536)
+    assert (got["compressor"], got["ef"], got["momentum"]) == ("none", "none", "nesterov")
+
+
+def test_a_spec_that_does_nothing_is_no_compression():
+    assert comp.for_tensor({"compressor": "none"}, 1 << 20, True, 0) is None
+
+
+def test_a_bad_spec_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="mu"):
+        comp.for_tensor({"compressor": "onebit", "mu": 2}, 1 << 20, True, 0)

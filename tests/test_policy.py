@@ -1,11 +1,13 @@
 """One policy, two executors (pushpull.policy): a strategy is one file in the policy package, and the
 runtime, the simulator, the benchmark grid and the configuration all pick it up with no other edit.
 
-The test writes such a file into a temporary directory added to the package's search path, then runs
-the new strategy through the simulator, through the runtime executor against a fake backend, and in a
-real two-worker push_pull job under the launcher (the worker adds the same directory)."""
+The test writes such a file into a temporary ``pushpull/policy`` folder added to the package's search
+path, then runs the new strategy through the simulator, through the runtime executor against a fake
+backend, and in a real two-worker job under the launcher whose processes find the folder on their
+PYTHONPATH, the worker asking only for ``strategy="pairs"``."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -36,11 +38,15 @@ PAIRS = textwrap.dedent('''
 
 @pytest.fixture()
 def pairs(tmp_path):
-    (tmp_path / "pairs.py").write_text(PAIRS)
-    policy.__path__.append(str(tmp_path))
+    """The new strategy's file in tmp/pushpull/policy: this process adds the folder to the package's path;
+    launched processes find it on their PYTHONPATH (pushpull.extend)."""
+    pkg = tmp_path / "pushpull" / "policy"
+    pkg.mkdir(parents=True)
+    (pkg / "pairs.py").write_text(PAIRS)
+    policy.__path__.append(str(pkg))
     policy.refresh()
     yield tmp_path
-    policy.__path__.remove(str(tmp_path))
+    policy.__path__.remove(str(pkg))
     sys.modules.pop("pushpull.policy.pairs", None)
     policy.refresh()
 
@@ -125,11 +131,7 @@ def test_the_runtime_executor_fuses_by_the_plan_and_writes_back(pairs, single_pr
 
 
 WORKER = textwrap.dedent('''
-    import sys
     import torch
-    import pushpull.policy as policy
-    policy.__path__.append(sys.argv[1])
-    policy.refresh()
     import pushpull.torch as bps
 
     bps.init()
@@ -155,11 +157,11 @@ WORKER = textwrap.dedent('''
 
 
 def test_a_real_job_runs_the_new_strategy(pairs):
-    (pairs / "job").mkdir()
-    script = pairs / "job" / "pairs_worker.py"  # not in the policy directory: every module there is imported
+    script = pairs / "pairs_worker.py"  # not in the policy folder: every module there is imported
     script.write_text(WORKER)
+    path = os.pathsep.join([str(pairs), os.environ.get("PYTHONPATH", str(ROOT))])
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1",
-            "--env", "PUSHPULL_TIMEOUT=40", "--", sys.executable, str(script), str(pairs)]
+            "--env", "PUSHPULL_TIMEOUT=40", "--env", f"PYTHONPATH={path}", "--", sys.executable, str(script)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=150, cwd=ROOT)
     out = res.stdout
     assert res.returncode == 0 and out.count("ALL-OK") == 2, (out + res.stderr)[-5000:]

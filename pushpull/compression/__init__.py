@@ -6,28 +6,12 @@ Every codec produces a :class:`Payload`, one contiguous wire buffer.
 
 A codec is one file in this package: it declares its name, wire id and options and registers itself
 (``@register_codec``); importing the package imports every module in it (and in any ``pushpull/compression``
-directory on ``sys.path``), so nothing else lists codecs.
+directory on ``sys.path``: :mod:`pushpull.extend`), so nothing else lists codecs.
 """
 
-import importlib as _importlib
-import os as _os
-import pkgutil as _pkgutil
-import sys as _sys
+from pushpull.extend import extend_package_path as _extend, import_all as _import_all
 
-
-def _extend_path() -> None:
-    """Add every other ``pushpull/compression`` directory on ``sys.path`` to this package's path: a codec
-    file kept outside the installed tree (next to a training script, in a test) is found by every
-    process that has its directory on the path, servers included."""
-    seen = {_os.path.realpath(p) for p in __path__}
-    for entry in _sys.path:
-        d = _os.path.join(entry or _os.getcwd(), "pushpull", "compression")
-        if _os.path.isdir(d) and _os.path.realpath(d) not in seen:
-            __path__.append(d)
-            seen.add(_os.path.realpath(d))
-
-
-_extend_path()
+_extend(__path__, __name__)
 
 from .base import Compressor, Option, Payload, codec_by_name, codecs, decode_payload, register_codec, resolve_k  # noqa: E402
 from .dithering import Dithering  # noqa: E402
@@ -55,9 +39,7 @@ from .wrapper import Wrapper  # noqa: E402
 def discover() -> None:
     """Import every module of the package path, so that every codec file has registered itself (again
     after a directory was added to ``__path__``)."""
-    for info in _pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            _importlib.import_module(f"{__name__}.{info.name}")
+    _import_all(__path__, __name__)
 
 
 discover()

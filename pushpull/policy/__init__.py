@@ -1,13 +1,14 @@
 """The strategy registry: every module of this package that defines a :class:`~pushpull.policy.base.Policy`
-subclass with a ``name`` is a strategy, found by scanning the package (``__path__``), so adding one is
-adding a file. The runtime, the simulator, the benchmark grid and the configuration read their names here.
+subclass with a ``name`` is a strategy, found by scanning the package (``__path__``, and any other
+``pushpull/policy`` directory on ``sys.path``: :mod:`pushpull.extend`), so adding one is adding a file.
+The runtime, the simulator, the benchmark grid and the configuration read their names here.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from pushpull.extend import extend_package_path, import_all
 from pushpull.policy.base import Policy
+
+extend_package_path(__path__, __name__)  # also pushpull/policy directories elsewhere on sys.path
 
 _POLICIES: dict[str, type[Policy]] = {}
 _ALIASES: dict[str, str] = {}
@@ -20,10 +21,7 @@ def _scan() -> None:
     if key == _scanned:
         return
     found: dict[str, type[Policy]] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name == "base":
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
+    for mod in import_all(__path__, __name__, skip=("base",)):
         for obj in vars(mod).values():
             if (isinstance(obj, type) and issubclass(obj, Policy) and obj.__module__ == mod.__name__
                     and obj.name):

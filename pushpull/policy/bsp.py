@@ -1,5 +1,7 @@
 """BSP: hold every gradient until the backward pass is over, then reduce them all as one flat buffer.
-No overlap with backward, one message: the baseline that shows what overlap buys."""
+No overlap with backward, one message: the baseline that shows what overlap buys. The buffer's layout
+is sorted by name, so it is the same on every worker whatever order autograd produced the gradients in.
+Both executors are the generic ones (``release = "end"``)."""
 from __future__ import annotations
 
 from pushpull.policy.base import Policy
@@ -10,5 +12,3 @@ class BSP(Policy):
     name = "bsp"
     order = 10
     release = "end"
-    runtime = "pushpull.torch.strategies.bsp:BSP"
-    simulator = "pushpull.sim.strategies.bsp:BSP"

@@ -1,6 +1,7 @@
 """WFBP (wait-free backpropagation): each gradient is reduced on its own as soon as it is ready,
 overlapping communication with the rest of the backward pass, first come first served. The backend keeps
-its default partitioning and credit. The reference every other strategy's speedup is quoted against."""
+its default partitioning and credit. The reference every other strategy's speedup is quoted against. Both executors are the generic ones
+(``release = "ready"``)."""
 from __future__ import annotations
 
 from pushpull.policy.base import Policy
@@ -12,5 +13,3 @@ class WFBP(Policy):
     aliases = ("fifo", "baseline")
     order = 20
     release = "ready"
-    runtime = "pushpull.torch.strategies.wfbp:WFBP"
-    simulator = "pushpull.sim.strategies.wfbp:WFBP"

@@ -7,11 +7,9 @@ import importlib
 
 from pushpull import policy
 from pushpull.sim.strategies.base import CommTask, Discipline, ReadyTensor, Strategy, StrategyContext
-from pushpull.sim.strategies.bsp import BSP
 from pushpull.sim.strategies.bytescheduler import ByteScheduler
 from pushpull.sim.strategies.fusion import Fusion
 from pushpull.sim.strategies.mgwfbp import MGWFBP, mgwfbp_merge
-from pushpull.sim.strategies.wfbp import WFBP
 
 # name -> executor class, for every strategy the simulator runs (kept current by _sync: a policy file added
 # later is picked up at the next make_strategy)
@@ -37,6 +35,8 @@ def _sync() -> dict[str, type[Strategy]]:
 
 
 _sync()
+BSP = STRATEGIES["bsp"]    # the generic executor of pushpull/policy/bsp.py
+WFBP = STRATEGIES["wfbp"]  # ... and of pushpull/policy/wfbp.py
 
 
 def make_strategy(spec: "str | Strategy", **kwargs) -> Strategy:
