@@ -225,6 +225,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("server_max_keys", [], 100_000, _int_min(1), "integer >= 1",
       "Keys (partitions) one server holds, declared or being declared; an INIT beyond it is refused, so a "
       "flood of declarations cannot grow a server without bound."),
+    S("sparse_max_table_bytes", [], 4 << 30, _int_min(0), "integer >= 0",
+      "Bytes of sparse-table rows (and their Adagrad state) one server holds, all tables together; a "
+      "SparseEmbedding whose row range on a server would pass it is refused at its declaration, naming the "
+      "table and the bytes (docs/sparse.md)."),
     S("allow_pickle", [], False, _bool, "0 | 1",
       "broadcast_object may unpickle what the root sent (runs code chosen by whoever sent it); off, objects "
       "load as JSON or with torch.load(weights_only=True): tensors, containers, numbers, strings."),

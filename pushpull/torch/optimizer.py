@@ -120,7 +120,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad.is_sparse:
             if not self._sparse_as_dense:
                 raise RuntimeError(f"gradient of {self._names[p]!r} is sparse: pushpull reduces dense tensors only; "
-                                   f"pass sparse_as_dense=True to DistributedOptimizer (or use a dense embedding)")
+                                   f"pass sparse_as_dense=True to DistributedOptimizer, or keep the table on the servers "
+                                   f"with pushpull.torch.SparseEmbedding (docs/sparse.md)")
             p.grad = p.grad.to_dense()
         if self._predivide != 1.0:
             p.grad.mul_(1.0 / self._predivide)

@@ -193,6 +193,7 @@ class Engine:
         self.changed_reason = ""
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
+        self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
 
     def _lr(self) -> float:
         """Current learning rate for error feedback (set by DistributedOptimizer)."""
@@ -230,6 +231,8 @@ class Engine:
 
     def stop(self) -> None:
         """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
+        for close in self.closers:
+            close()
         if self.direct is not None:
             self.direct.close()  # the van's context waits for every socket to be closed
         self.van.stop()
