@@ -36,3 +36,8 @@ def test_a_row_past_the_table_is_refused_naming_the_table_and_row():
 def test_a_table_over_the_servers_byte_limit_is_refused_at_its_declaration():
     out = _launch("limit", PUSHPULL_SPARSE_MAX_TABLE_BYTES="1000000")
     assert "need 12800000 bytes on this server" in out, out[-3000:]
+
+
+def test_a_join_fails_the_sparse_tables_instead_of_leaving_rounds_waiting():
+    out = _launch("join")
+    assert "rank 1 joined (join()); sparse tables do not support it" in out, out[-3000:]

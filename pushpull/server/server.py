@@ -104,11 +104,13 @@ class Server:
         fail theirs and start again from round 1), expect the new number of pushes, map connections to their
         new ranks. JOINED: a worker ran out of data (join()): rounds complete without it from now on."""
         if msg.header.type == MsgType.JOINED:
+            self.sparse.fail_all(f"rank {int(msg.header.key)} joined (join())")
             self._joined(int(msg.header.key))
             return
         if msg.header.type != MsgType.RESET:
             return
         d = decode_json(msg.body())
+        self.sparse.fail_all("the workers changed (elastic training)")
         self.joined.clear()
         self.gen = int(d["gen"])
         self.num_workers = int(d["num_workers"])

@@ -242,6 +242,17 @@ class SparseStore:
         for ident, req_id, _ in pend["by"].values():
             self.reply(ident, Header(MsgType.SPARSE_ACK, key=h.key, req_id=req_id))
 
+    def fail_all(self, reason: str) -> None:
+        """The workers changed (elastic) or one joined: a sparse table's rounds need every worker it was
+        declared with, so each fails now, and every pull waiting on one hears why, instead of timing out."""
+        for t in self.tables.values():
+            if t.error is None:
+                t.error = f"sparse table {t.name!r}: {reason}; sparse tables do not support it (docs/sparse.md)"
+            for waits in t.waiting.values():
+                for ident, _, req_id, _ in waits:
+                    self.error(ident, t.key, t.error, req_id)
+            t.waiting.clear()
+
     def check_inits(self, timeout: float) -> None:
         """Declarations that some rank never sent: fail them, naming the ranks (called every second)."""
         now = time.monotonic()

@@ -5,6 +5,7 @@ equiv:    the same model trained with a dense nn.Embedding (DistributedOptimizer
 boundary: a table of 11 rows on 2 servers: rows [0, 5) on server 0, [5, 11) on server 1.
 oob:      a lookup of a row past the table is refused by the server, naming the table and the row.
 limit:    a table larger than PUSHPULL_SPARSE_MAX_TABLE_BYTES is refused at its declaration.
+join:     rank 1 joins (join()): rank 0's next lookup fails saying so instead of waiting for a round.
 """
 import sys
 
@@ -104,8 +105,31 @@ def limit() -> None:
         fail("a 25.6 MB table was accepted with PUSHPULL_SPARSE_MAX_TABLE_BYTES=1000000")
 
 
+def join() -> None:
+    import time
+
+    emb = bps.SparseEmbedding(8, 2, name="join.table")
+    if bps.rank() == 1:
+        bps.join()
+        return
+    deadline = time.monotonic() + 30
+    while True:  # lookups of round 0 are answered until the servers hear of the join
+        try:
+            emb(torch.tensor([1, 6]))
+        except bps.PushPullError as e:
+            if "sparse table 'join.table': rank 1 joined" not in str(e):
+                fail(f"wrong error: {e}")
+            print(f"refused: {e}", flush=True)
+            break
+        if time.monotonic() > deadline:
+            fail("lookups still answered 30 s after rank 1 joined")
+        time.sleep(0.05)
+    bps.join()
+
+
 bps.init()
-{"equiv": equiv, "boundary": boundary, "oob": oob, "limit": limit}[sys.argv[1]]()
-bps.barrier()
+{"join": join, "equiv": equiv, "boundary": boundary, "oob": oob, "limit": limit}[sys.argv[1]]()
+if sys.argv[1] != "join":  # after a join the job's rounds start again; nothing else to wait for
+    bps.barrier()
 print("ALL-OK", flush=True)
 bps.shutdown()
