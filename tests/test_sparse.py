@@ -41,3 +41,8 @@ def test_a_table_over_the_servers_byte_limit_is_refused_at_its_declaration():
 def test_a_join_fails_the_sparse_tables_instead_of_leaving_rounds_waiting():
     out = _launch("join")
     assert "rank 1 joined (join()); sparse tables do not support it" in out, out[-3000:]
+
+
+def test_a_lookup_waiting_for_a_silent_rank_times_out_naming_it():
+    out = _launch("silent", PUSHPULL_TIMEOUT="4")
+    assert "rank(s) [1] have not pushed round 1 of it yet" in out, out[-3000:]

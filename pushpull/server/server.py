@@ -288,6 +288,9 @@ class Server:
         """Which ranks key ``h.key`` has heard from, for round ``h.round`` (or its INIT if still pending), so
         that a worker whose wait timed out can name the ranks it waits for (read on the I/O thread: a glance,
         not a lock-step view of an engine thread's sum)."""
+        if self.sparse.owns(h.key):
+            self.sparse.status(identity, h)
+            return
         everyone = set(range(self.num_workers))
         pend = self.pending_inits.get(h.key)
         ks = self.keys.get(h.key)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code,
+    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, encode_json,
 )
 
 FLOAT32 = dtype_code("float32")
@@ -241,6 +241,23 @@ class SparseStore:
         self.tables[h.key] = SparseTable(h.key, name, rows, dim, lo, hi, opt, self.num_workers)
         for ident, req_id, _ in pend["by"].values():
             self.reply(ident, Header(MsgType.SPARSE_ACK, key=h.key, req_id=req_id))
+
+    def owns(self, key: int) -> bool:
+        return key in self.tables or key in self.pending
+
+    def status(self, identity: bytes, h: Header) -> None:
+        """Which ranks table ``h.key`` has heard from for round ``h.round`` (or its declaration), so that a
+        worker whose wait timed out can name the ranks it waits for."""
+        everyone = set(range(self.num_workers))
+        pend = self.pending.get(h.key)
+        if pend is not None:
+            have, stage = set(pend["by"]), "declared it"
+        else:
+            t = self.tables[h.key]
+            have = everyone if h.round <= t.applied else set(t.pending.get(h.round, ()))
+            stage = f"pushed round {h.round} of it"
+        self.reply(identity, Header(MsgType.STATUS_RESP, key=h.key, round=h.round),
+                   [encode_json({"stage": stage, "have": sorted(have), "missing": sorted(everyone - have)})])
 
     def fail_all(self, reason: str) -> None:
         """The workers changed (elastic) or one joined: a sparse table's rounds need every worker it was

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import zmq
@@ -92,10 +93,12 @@ class SparseClient:
                 if failure:
                     raise PushPullError(f"sparse table {self.name!r}: {failure}")
                 if time.monotonic() > deadline:
+                    ask = SimpleNamespace(sock=f"s{server}", key=self.key)
+                    missing = self.engine.missing_ranks(None, [ask], rnd or 0)
                     raise PushPullError(
                         f"sparse table {self.name!r}: server {server} did not answer {what} within "
-                        f"{self.engine.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT); a round completes when every worker "
-                        f"pushed it: does every worker call step() once per step?")
+                        f"{self.engine.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT): {missing} (a round completes when "
+                        f"every worker pushed it: does every worker call step() once per step?)")
                 continue
             try:
                 msg = decode(s.recv_multipart(copy=False))

@@ -5,6 +5,7 @@ equiv:    the same model trained with a dense nn.Embedding (DistributedOptimizer
 boundary: a table of 11 rows on 2 servers: rows [0, 5) on server 0, [5, 11) on server 1.
 oob:      a lookup of a row past the table is refused by the server, naming the table and the row.
 limit:    a table larger than PUSHPULL_SPARSE_MAX_TABLE_BYTES is refused at its declaration.
+silent:   rank 1 never steps: rank 0's lookup times out naming rank 1 (PUSHPULL_TIMEOUT=4).
 join:     rank 1 joins (join()): rank 0's next lookup fails saying so instead of waiting for a round.
 """
 import sys
@@ -127,8 +128,27 @@ def join() -> None:
     bps.join()
 
 
+def silent() -> None:
+    import time
+
+    emb = bps.SparseEmbedding(8, 2, name="silent.table")
+    if bps.rank() == 1:
+        time.sleep(6)  # never steps; rank 0 waits at the barrier for ~2 s after its lookup timed out
+        return
+    emb(torch.tensor([1, 6])).sum().backward()
+    emb.step()
+    try:
+        emb(torch.tensor([2]))
+    except bps.PushPullError as e:
+        if "rank(s) [1] have not pushed round 1 of it yet" not in str(e):
+            fail(f"wrong error: {e}")
+        print(f"refused: {e}", flush=True)
+    else:
+        fail("the lookup of round 1 was answered without rank 1's push")
+
+
 bps.init()
-{"join": join, "equiv": equiv, "boundary": boundary, "oob": oob, "limit": limit}[sys.argv[1]]()
+{"silent": silent, "join": join, "equiv": equiv, "boundary": boundary, "oob": oob, "limit": limit}[sys.argv[1]]()
 if sys.argv[1] != "join":  # after a join the job's rounds start again; nothing else to wait for
     bps.barrier()
 print("ALL-OK", flush=True)
