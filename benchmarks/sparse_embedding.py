@@ -160,8 +160,8 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
         f"--congestion {args.congestion} "
         f"--batch {args.batch} --dense-steps {args.dense_steps} --sparse-steps {args.sparse_steps}`: a "
         f"{rows:,} x {dim} fp32 table, 2 worker hosts, 2 server hosts (separate), every link "
-        f"{args.rate if rate_Bps else 'LOOPBACK FALLBACK (no shaping)'} (TCP {args.congestion}); each batch looks up {args.batch:,} random "
-        f"ids per worker ({u:,.0f} distinct rows, {100 * u / rows:.2f} % of the table). Dense: push_pull of the whole "
+        f"{args.rate if rate_Bps else 'LOOPBACK FALLBACK (no shaping)'} (TCP {args.congestion}); each batch looks "
+        f"up {args.batch:,} random ids per worker ({u:,.0f} distinct rows, {100 * u / rows:.2f} % of the table). Dense: push_pull of the whole "
         f"gradient (what DistributedOptimizer moves for an nn.Embedding). Sparse: SparseEmbedding lookup + backward "
         f"+ step(), the optimizer on the servers. One run, {wall:.0f} s in all, on the shared 2-core VM.",
         "",

@@ -15,7 +15,8 @@ its pull on the same connection, so no pull can see a later round either.
 
 What a peer can make this allocate is bounded: a table's size is declared at SPARSE_INIT and checked
 against ``PUSHPULL_SPARSE_MAX_TABLE_BYTES`` (all tables of this server together), every row id is
-checked against the table and this server's range, and at most two rounds ahead are buffered.
+checked against the table and this server's range, a pull's answer must fit in one message, at most
+two rounds ahead are buffered, and at most MAX_WAITING pulls per worker wait for one round.
 Everything runs on the server's I/O thread: a step's rows are a few MB, and one thread needs no locks.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pushpull.transport.protocol import (
 FLOAT32 = dtype_code("float32")
 OPTIMIZERS = {"sgd": {}, "adagrad": {"eps": 1e-10, "initial_accumulator_value": 0.0}}
 MAX_DIM = 1 << 16
+MAX_WAITING = 256  # pulls per worker that may wait for one round (a lookup sends one per server and message)
 AHEAD = 2  # rounds a push may be ahead of the last applied one (a worker that stepped without a lookup)
 
 
@@ -182,11 +184,20 @@ class SparseStore:
             if h.type == MsgType.SPARSE_PUSH:
                 self._push(identity, msg, t)
             elif h.type == MsgType.SPARSE_PULL:
-                ids = t.ids(msg.body_view(), h.numel, h.sender, f"pull of round {h.round}")
+                what = f"pull of round {h.round}"
+                if 4 * h.numel * t.dim > self.cfg.max_message_bytes:  # the answer, not only the ids, is bounded
+                    raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what} asks for {h.numel} rows, "
+                                      f"{4 * h.numel * t.dim} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
+                                      f"{self.cfg.max_message_bytes}")
+                ids = t.ids(msg.body_view(), h.numel, h.sender, what)
                 if t.pull_ready(h.round, h.sender):
                     self._answer(identity, h.req_id, h.round, t, ids)
                 else:
-                    t.waiting.setdefault(h.round, []).append((identity, h.sender, h.req_id, ids))
+                    waits = t.waiting.setdefault(h.round, [])
+                    if len(waits) >= MAX_WAITING * self.num_workers:
+                        raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what}: {len(waits)} pulls "
+                                          f"of that round wait already ({MAX_WAITING} per worker at most)")
+                    waits.append((identity, h.sender, h.req_id, ids))
         except (SparseError, ProtocolError) as e:
             self.error(identity, h.key, str(e), h.req_id)
 
