@@ -98,6 +98,7 @@ class SparseEmbedding(torch.nn.Module):
     @torch.no_grad()
     def table(self) -> torch.Tensor:
         """The whole table as the servers hold it after this worker's last step (checkpoints, tests)."""
+        self.client.flush()  # a refused push is raised here, not hidden behind the read
         return torch.from_numpy(self.client.pull(np.arange(self.num_embeddings, dtype=np.int64)))
 
     def extra_repr(self) -> str:
