@@ -24,6 +24,7 @@ from pushpull.torch.ddp import (  # noqa: F401
 from pushpull.worker.handle import PushPullError, WorkersChanged  # noqa: F401
 from pushpull.torch import elastic  # noqa: F401
 from pushpull.torch.ops import trace_step  # noqa: F401
+from pushpull.torch.futures import get_future  # noqa: F401
 from pushpull.torch.scheduled import ScheduledOptimizer  # noqa: F401
 from pushpull.torch.autotune import AutoTuner  # noqa: F401
 

@@ -21,6 +21,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.torch.hooks import register_step_callback, run_step_callbacks
 from pushpull.torch.strategies import make_strategy
 from pushpull.worker import trace as _trace
 
@@ -200,9 +201,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         result = super(self.__class__, self).step(closure)  # type: ignore[misc]
         if _trace.TRACER is not None:  # one step ends here (or at pushpull.torch.trace_step())
             _trace.TRACER.end_step()
-        for fn in self.__dict__.get("_after_step_hooks", ()):  # pushpull.torch.autotune
-            fn()
+        run_step_callbacks(self)
         return result
+
+    register_step_callback = register_step_callback
 
     def zero_grad(self, set_to_none: bool = True):
         if self._submitted:
