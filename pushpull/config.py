@@ -167,7 +167,9 @@ SETTINGS: tuple[Setting, ...] = (
       "is sent and answered on the caller's own thread, skipping the communication thread's two hand-offs "
       "(a one-float push_pull: 460 us through the engine, 290 us direct; docs/results.md, Transport)."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
-      "Threads for compression/decompression on the worker (0 = on the communication thread)."),
+      "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "
+      "communication thread (0 = on the communication thread); for compressed models with many large "
+      "partitions on a machine with cores to spare."),
     S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),
       "balanced | djb2 | sdbm | naive | built_in",
       "How partitions are mapped to servers: 'balanced' assigns by bytes (least loaded first); the others hash the key as BytePS does."),
