@@ -89,7 +89,7 @@ class Server:
                 break
         summary = self.dropped_summary()
         if summary:
-            log.info("%s: %s", nodes.describe(self.node_id), summary)
+            log.warning("%s: %s", nodes.describe(self.node_id), summary)
         for q in self.engines:
             q.put(None)
         self.van.stop()
