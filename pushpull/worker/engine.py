@@ -878,6 +878,8 @@ class Engine:
             for op in waiting:
                 self._finish(op, f"tensor {e.name!r}: {reason}", WorkersChanged)
             e.round = 0
+            for p in e.parts:
+                p.completed = 0  # the servers number rounds from 1 again too
             if e.state == "initing":  # declarations pending, or moved to another server: declare again
                 self._send_inits(e, [p for p in e.parts if not p.inited])
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
