@@ -57,3 +57,22 @@ def test_a_stranger_push_to_a_store_key_is_refused(stranger_job, what, answer):
 def test_the_parameters_are_exact_after_the_strangers_pushes(stranger_job):
     assert stranger_job.count("parameters exact after the strangers' pushes") == 2, stranger_job[-3000:]
     assert "FAIL" not in stranger_job
+
+
+def _alone(code: str) -> str:
+    """Run ``code`` in a one-process job (no launcher) and return its output."""
+    head = "import torch, pushpull.torch as bps\nbps.init()\nm = torch.nn.Linear(2, 1)\n"
+    res = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return res.stdout + res.stderr
+
+
+def test_asynchronous_refuses_a_synchronous_option_naming_it():
+    out = _alone("bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1), m.named_parameters(), "
+                 "compression=bps.Compression.fp16, asynchronous=True)")
+    assert "ValueError: DistributedOptimizer: asynchronous=True pushes parameter deltas, it takes no compression" \
+        in out, out[-2000:]
+
+
+def test_byteps_enable_async_keyword_says_how_to_train_asynchronously():
+    out = _alone("bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1), enable_async=True)")
+    assert "DistributedOptimizer(..., asynchronous=True)" in out and "TypeError" in out, out[-2000:]
