@@ -156,7 +156,7 @@ def _straggler(out: str) -> dict:
 
 def test_the_fast_workers_complete_a_round_without_the_late_one(job):
     r2 = _round2(job)
-    assert r2[0][2] < 1.0 and r2[1][2] < 1.0 and r2[2][2] >= 2.0, r2  # rank 2 slept 2 s before its push
+    assert r2[0][2] < 1.5 and r2[1][2] < 1.5 and r2[2][2] >= 2.0, r2  # rank 2 slept 2 s before its push
 
 
 def test_the_round_averages_exactly_the_first_two_pushes(job):
