@@ -207,7 +207,7 @@ def driver(args) -> int:
     print()
     print(table)
     print()
-    checks = [f"bound (reference): each mode's all-fast run = 1.00"]
+    checks = ["bound (reference): each mode's all-fast run = 1.00"]
     by = {r["mode"]: r for r in rows}
     if "async" in by:
         a = by["async"]

@@ -31,7 +31,8 @@ t0 = time.perf_counter()
 if r == n - 1:
     time.sleep(2.0)  # late for round 2: the others complete it without this rank
 step()
-print(f"ROUND2 rank={r} before={before!r} weight={model.weight.item()!r} seconds={time.perf_counter() - t0:.3f}", flush=True)
+print(f"ROUND2 rank={r} before={before!r} weight={model.weight.item()!r} "
+      f"seconds={time.perf_counter() - t0:.3f}", flush=True)
 bps.barrier()
 t0 = time.perf_counter()
 while opt.rounds < 21:  # a straggler: 0.3 s per step on the last rank, none on the others
