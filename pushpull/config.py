@@ -167,7 +167,9 @@ SETTINGS: tuple[Setting, ...] = (
       "is sent and answered on the caller's own thread, skipping the communication thread's two hand-offs "
       "(a one-float push_pull: 460 us through the engine, 290 us direct; docs/results.md, Transport)."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
-      "Threads for compression/decompression on the worker (0 = on the communication thread)."),
+      "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "
+      "communication thread (0 = on the communication thread); for compressed models with many large "
+      "partitions on a machine with cores to spare."),
     S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),
       "balanced | djb2 | sdbm | naive | built_in",
       "How partitions are mapped to servers: 'balanced' assigns by bytes (least loaded first); the others hash the key as BytePS does."),
@@ -233,6 +235,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("server_max_keys", [], 100_000, _int_min(1), "integer >= 1",
       "Keys (partitions) one server holds, declared or being declared; an INIT beyond it is refused, so a "
       "flood of declarations cannot grow a server without bound."),
+    S("sparse_max_table_bytes", [], 4 << 30, _int_min(0), "integer >= 0",
+      "Bytes of sparse-table rows (and their Adagrad state) one server holds, all tables together; a "
+      "SparseEmbedding whose row range on a server would pass it is refused at its declaration, naming the "
+      "table and the bytes (docs/sparse.md)."),
     S("allow_pickle", [], False, _bool, "0 | 1",
       "broadcast_object may unpickle what the root sent (runs code chosen by whoever sent it); off, objects "
       "load as JSON or with torch.load(weights_only=True): tensors, containers, numbers, strings."),

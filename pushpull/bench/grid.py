@@ -601,6 +601,8 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                             bar.update(len(job["runs"]))
                             continue
                         wall = time.monotonic() - t0
+                    if cluster.congestion_in_force:  # what the hosts ran (a machine may refuse the one asked)
+                        job = dict(job, congestion=cluster.congestion_in_force)
                     rows = [r for r in _rows_for(job, res, cfg, mode, wall) if cell_key(r) not in done]
                     with open(out, "a") as f:
                         for r in rows:

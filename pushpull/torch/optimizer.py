@@ -21,6 +21,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.torch.hooks import register_step_callback, run_step_callbacks
 from pushpull.torch.strategies import make_strategy
 from pushpull.worker import trace as _trace
 
@@ -124,7 +125,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad.is_sparse:
             if not self._sparse_as_dense:
                 raise RuntimeError(f"gradient of {self._names[p]!r} is sparse: pushpull reduces dense tensors only; "
-                                   f"pass sparse_as_dense=True to DistributedOptimizer (or use a dense embedding)")
+                                   f"pass sparse_as_dense=True to DistributedOptimizer, or keep the table on the servers "
+                                   f"with pushpull.torch.SparseEmbedding (docs/sparse.md)")
             p.grad = p.grad.to_dense()
         if self._predivide != 1.0:
             p.grad.mul_(1.0 / self._predivide)
@@ -206,9 +208,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.catch_up()
         if _trace.TRACER is not None:  # one step ends here (or at pushpull.torch.trace_step())
             _trace.TRACER.end_step()
-        for fn in self.__dict__.get("_after_step_hooks", ()):  # pushpull.torch.autotune
-            fn()
+        run_step_callbacks(self)
         return result
+
+    register_step_callback = register_step_callback
 
     def catch_up(self) -> int:
         """Backup workers: apply the rounds that completed without this worker (it was late), pulling their

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x5050  # "PP"
-VERSION = 5  # 5: round signatures in a PUSH's req_id, concat offsets in extra, ABORT, INIT op/readers
+VERSION = 6  # 6: sparse tables (SPARSE_* messages); 5: round signatures, concat offsets, ABORT, INIT op/readers
 
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra, gen
 # gen: the membership generation (elastic training): a message from before a change of workers is stale
@@ -48,6 +48,12 @@ class MsgType(enum.IntEnum):
     PULL_RESP = 25
     STATUS = 26         # which ranks a key's round (or its INIT) has heard from: asked when a wait times out
     STATUS_RESP = 27
+    # sparse tables (pushpull/server/sparse.py): rows of an embedding table, partitioned by row ranges
+    SPARSE_INIT = 28    # declare a table's row range on this server (JSON); a barrier across workers
+    SPARSE_PUSH = 29    # frames: row ids (int64), rows (float32, numel x dim); round = the worker's step
+    SPARSE_PULL = 30    # frame: row ids (int64); answered once round ``round`` has been applied
+    SPARSE_ROWS = 31    # answer to SPARSE_PULL: the rows (float32), in the order asked
+    SPARSE_ACK = 32     # answer to SPARSE_INIT, to a SET push, and to a push that asked for it
     # either
     ERROR = 40
     BATCH = 41          # several small messages for one peer in one frame (see pack_batch)
@@ -65,6 +71,7 @@ class Flags:
     PULL = 2            # a PUSH that also asks for the round's sum (one request instead of PUSH + PULL)
     NO_ACK = 4          # a PUSH whose sender wants no PUSH_ACK (no credit or trace waits on it)
     ABORT = 8           # a PUSH that fails its round on every rank; the body is JSON {"error": why}
+    SET = 16            # a SPARSE_PUSH that writes rows instead of adding a round's gradient (loading a table)
 
 
 # dtype code <-> torch dtype name; the server needs only the name and item size

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,6 +196,11 @@ class Engine:
         self.changed_reason = ""
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
+        self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
+        # BYTEPS_THREADPOOL_SIZE: compression and decompression off the communication thread, in parallel
+        # (their NumPy/torch kernels release the GIL), so that a large compressed model does not serialise
+        # behind one thread that also has every socket to serve
+        self.pool: ThreadPoolExecutor | None = None  # made at start()
 
     def _lr(self) -> float:
         """Current learning rate for error feedback (set by DistributedOptimizer)."""
@@ -205,6 +211,8 @@ class Engine:
     def start(self) -> None:
         if self.cfg.keep_freed_buffers:
             keep_freed_buffers()
+        if self.cfg.threadpool_size > 0 and self.pool is None:
+            self.pool = ThreadPoolExecutor(self.cfg.threadpool_size, thread_name_prefix="pushpull-codec")
         self.van.start()
         book = self.member.register()
         self.num_servers = int(book["num_servers"])
@@ -232,8 +240,13 @@ class Engine:
 
     def stop(self) -> None:
         """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
+        for close in self.closers:
+            close()
         if self.direct is not None:
             self.direct.close()  # the van's context waits for every socket to be closed
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
         self.van.stop()
         self.started = False
 
@@ -616,7 +629,6 @@ class Engine:
         if self.window is not None:
             p.t_sent = time.perf_counter()
             p.delivered_at_send = self.delivered
-        itemsize = e.itemsize
         if e.spec.op == "concat":  # this rank's bytes that fall in the partition, and where they go in it
             lo = max(p.offset, op.offset)
             hi = max(lo, min(p.offset + p.nbytes, op.offset + len(op.inp)))
@@ -634,7 +646,7 @@ class Engine:
             return
         if op.round <= p.completed:  # backup workers: the round completed without us; only its sum is wanted
             self.van.send(p.sock, Header(MsgType.PULL, sender=self.rank, key=p.key, round=op.round, dtype=e.code,
-                                         gen=self.gen, numel=p.nbytes // itemsize), [])
+                                         gen=self.gen, numel=p.nbytes // e.itemsize), [])
             self.stats["partitions"] += 1
             return
         view = op.inp[p.offset:p.offset + p.nbytes]
@@ -643,22 +655,79 @@ class Engine:
         flags = Flags.PULL
         if self.queue.credit_bytes <= 0 and self.tracer is None:
             flags |= Flags.NO_ACK
-        frame = view
-        extra = 0
-        if p.codec is not None:
-            frame = p.codec.compress(view)
-            flags |= Flags.COMPRESSED
-            extra = f32_bits(self._lr())  # the server's error feedback rescales by the same lr ratio
+        if p.codec is None:
+            self._push(op, p, view, flags, 0)
+            return
+        flags |= Flags.COMPRESSED
+        extra = f32_bits(self._lr())  # the server's error feedback rescales by the same lr ratio
+        if self.pool is None:
+            self._push(op, p, p.codec.compress(view), flags, extra)
+            return
+        gen = self.gen
+
+        def compressed(fut) -> None:  # on a pool thread: the rest belongs to the I/O thread
+            self.van.call_soon(lambda: self._push_compressed(op, p, fut, flags, extra, gen))
+        self.pool.submit(p.codec.compress, view).add_done_callback(compressed)
+
+    def _push_compressed(self, op: Op, p: Partition, fut, flags: int, extra: int, gen: int) -> None:
+        """A partition compressed on the pool (BYTEPS_THREADPOOL_SIZE): send it, unless its op ended meanwhile
+        (its credit went back then) or the workers changed (its round no longer exists)."""
+        if op.finished or self.ops.get(p.key) is not op or gen != self.gen:
+            return
+        try:
+            frame = fut.result()
+        except Exception as ex:  # noqa: BLE001 - the op fails with the codec's error, as inline
+            self._finish(op, f"tensor {op.entry.name!r}: compressing partition {p.index} failed: {ex!r}")
+            return
+        if self.window is not None:  # the window's round trip starts at the send, not before compressing
+            p.t_sent = time.perf_counter()
+        self._push(op, p, frame, flags, extra)
+
+    def _push(self, op: Op, p: Partition, frame, flags: int, extra: int) -> None:
+        e = op.entry
+        if flags & Flags.COMPRESSED:
             nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
         else:
             nb = p.nbytes
         self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code, gen=self.gen,
-                                     numel=p.nbytes // itemsize, nbytes=nb, flags=flags, extra=extra, req_id=op.sig),
+                                     numel=p.nbytes // e.itemsize, nbytes=nb, flags=flags, extra=extra, req_id=op.sig),
                       [frame])
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
         self.stats["partitions"] += 1
+
+    def _decompress(self, op: Op, p: Partition, buf, _keepalive=None) -> None:
+        """A compressed sum into the output (averaging floats on the way); ``_keepalive``: the message that
+        owns ``buf`` while a pool thread reads it."""
+        dst = op.out_bytes[p.offset:p.offset + p.nbytes]
+        p.codec.decompress_into(buf, dst)
+        npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
+        if npdt is not None:
+            typed = dst.view(npdt)
+            np.multiply(typed, self.inv_size, out=typed)
+
+    def _pulled_compressed(self, op: Op, p: Partition, fut, nbytes: int, gen: int) -> None:
+        if op.finished or self.ops.get(p.key) is not op or gen != self.gen:
+            return
+        try:
+            fut.result()
+        except Exception as ex:  # noqa: BLE001
+            self._finish(op, f"tensor {op.entry.name!r}: decompressing partition {p.index} failed: {ex!r}")
+            return
+        self._partition_pulled(op, p, nbytes)
+
+    def _partition_pulled(self, op: Op, p: Partition, nbytes: int) -> None:
+        self.stats["bytes_pulled"] += nbytes
+        if self.tracer is not None:
+            self.tracer.partition_done(op, p)
+        del self.ops[p.key]
+        if p.held:
+            self.queue.release(p.held)
+            p.held = 0
+        op.remaining -= 1
+        if op.remaining == 0:
+            self._finish(op, None)
 
     def _server_message(self, msg: Msg) -> None:
         """A failure while handling a server's answer fails that tensor's op at once,
@@ -724,28 +793,21 @@ class Engine:
             if not op.reader:  # this rank only contributed: the answer says the round completed
                 pass
             elif h.flags & Flags.COMPRESSED:
-                dst = op.out_bytes[p.offset:p.offset + p.nbytes]
-                p.codec.decompress_into(buf, dst)
-                npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
-                if npdt is not None:
-                    typed = dst.view(npdt)
-                    np.multiply(typed, inv, out=typed)
+                if self.pool is not None:  # decompress on the pool; the partition completes when it is done
+                    gen = self.gen
+
+                    def decompressed(fut) -> None:
+                        self.van.call_soon(lambda: self._pulled_compressed(op, p, fut, len(buf), gen))
+                    self.pool.submit(self._decompress, op, p, buf, msg).add_done_callback(decompressed)
+                    return
+                self._decompress(op, p, buf)
             else:
                 error = self._write_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average,
                                         inv)
                 if error:
                     self._finish(op, error)
                     return
-            self.stats["bytes_pulled"] += len(buf)
-            if self.tracer is not None:
-                self.tracer.partition_done(op, p)
-            del self.ops[h.key]
-            if p.held:
-                self.queue.release(p.held)
-                p.held = 0
-            op.remaining -= 1
-            if op.remaining == 0:
-                self._finish(op, None)
+            self._partition_pulled(op, p, len(buf))
             if self.queue:
                 self.queue.admit(self._send_partition)
         elif t == MsgType.ERROR:
