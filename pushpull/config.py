@@ -226,9 +226,17 @@ SETTINGS: tuple[Setting, ...] = (
       "engine queue by key priority; here each worker's default credit window keeps only about a bandwidth-delay "
       "product in flight, so a server's queue holds little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
-      "BytePS's server-wide switch: every key is a parameter store (a push adds a delta, a pull returns the "
-      "parameters at once), so plain reductions accumulate instead of summing. pushpull.torch.AsyncOptimizer "
-      "declares only its parameters as stores and needs no setting (docs/api.md)."),
+      "Asynchronous training: pushpull.torch.DistributedOptimizer trains as asynchronous=True (each worker steps "
+      "on its own gradients and pushes the change to the servers' copy of the parameters, which a pull returns at "
+      "once; docs/async.md). Only the parameters become parameter stores on the servers: other reductions in the "
+      "job (metrics, broadcasts) still sum, unlike BytePS's server-wide switch."),
+    S("backup_workers", ["PUSHPULL_BACKUP_WORKERS"], 0, _int_min(0), "integer >= 0",
+      "Backup workers (Chen et al. 2016): a round of DistributedOptimizer's gradients completes with the first "
+      "n - b pushes of each key; later pushes for a completed round are dropped (counted per rank: the servers "
+      "log them at shutdown) and the average divides by the pushes summed. 0: off (docs/async.md)."),
+    S("backup_rounds", ["PUSHPULL_BACKUP_ROUNDS"], 8, _int_min(2), "integer >= 2",
+      "Rounds a server keeps per backup-workers key: how far the fast workers may run ahead of the slowest "
+      "before a push of theirs waits for it to pull (each kept round costs one copy of the key on the server)."),
     # --- security (docs/security.md)
     S("auth", [], "auto", _choice("auto", "curve", "plain", "none"), "auto | curve | plain | none",
       "How nodes prove they belong to the job (credentials derived from the job secret; a peer without them "

@@ -5,6 +5,13 @@ worker pulled round r, so a fast worker's next push can never overwrite a sum a
 slow worker has not pulled yet (a defect of BytePS). Protocol misuse (a push two
 rounds ahead, a duplicate push, a pull before one's push) is reported, not
 silently mis-summed.
+
+Backup workers (Chen et al. 2016, "Revisiting Distributed Synchronous SGD"): a key declared with
+``backup_workers=b`` completes a round with the first n - b pushes; a push for a round that already
+completed is dropped (counted per rank in ``dropped``) and its pull answered with that round's result,
+so every rank applies the same sums. Such a key keeps ``depth`` rounds (not 2), so the fast workers
+can run that many rounds ahead of a straggler before a push of theirs waits (:class:`Busy`) for the
+straggler to pull the round whose slot it needs.
 """
 from __future__ import annotations
 
@@ -18,6 +25,11 @@ from pushpull.transport.protocol import describe_sig
 
 class RoundError(ValueError):
     pass
+
+
+class Busy(Exception):
+    """Backup workers: the push's slot still holds a round a late rank has not pulled; the server keeps
+    the push and serves it once that rank pulls (the pushing worker's own timeout bounds the wait)."""
 
 
 class Disagreement(RoundError):
@@ -56,6 +68,10 @@ class Slot:
     out: object = None  # the payload answered to pulls (ndarray or bytes)
     wire: object = None  # ``out`` as one frame shared by every pull answer (made on the first)
     ready: bool = False
+    count: int = 0  # backup workers: pushes summed into ``out`` (the divisor of an average)
+
+
+LATE = object()  # KeyState.push's answer for a backup key's push that came after its round completed
 
 
 @dataclass
@@ -74,25 +90,43 @@ class KeyState:
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
     wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
     joined: set = field(default_factory=set)  # ranks that called join(): the server's set, shared
+    backup: int = 0  # backup workers: a round completes with the first num_workers - backup pushes
+    completed: int = 0  # backup keys: the highest round completed (told to pullers, so a late one catches up)
+    dropped: dict = field(default_factory=dict)  # rank -> pushes dropped because their round had completed
+    deferred: list = field(default_factory=list)  # (identity, msg) pushes waiting for a late rank's pull (Busy)
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
+
+    def use_backup(self, backup: int, depth: int) -> None:
+        """Make this a backup-workers key: ``backup`` pushes per round may be missing, ``depth`` rounds kept."""
+        self.backup = backup
+        self.slots = [Slot() for _ in range(max(2, depth))]
 
     def reset(self, num_workers: int) -> None:
         """A new generation of workers (elastic): no round survives, ``num_workers`` push each one now.
         New slots, so an engine thread still summing an old push writes into a slot nobody reads."""
         self.num_workers = num_workers
-        self.slots = [Slot(), Slot()]
+        self.slots = [Slot() for _ in self.slots]
+        self.completed = 0
+        self.deferred = []
         if self.codec is not None and hasattr(self.codec, "reset"):
             self.codec.reset()
 
     def _slot_for_push(self, rnd: int, rank: int) -> Slot:
-        slot = self.slots[rnd % 2]
+        depth = len(self.slots)
+        slot = self.slots[rnd % depth]
         if slot.round == rnd:
             if rank in slot.pushed:
                 raise RoundError(f"tensor {self.name!r} round {rnd}: rank {rank} pushed twice")
             return slot
-        if slot.round == -1 or (slot.round == rnd - 2 and len(slot.pulled | self.joined) >= self.num_workers):
+        if self.backup and slot.round != -1 and slot.round == rnd - depth and rank not in slot.pulled:
+            raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} before pulling round "
+                             f"{slot.round}")
+        if (self.backup and slot.round != -1 and slot.round == rnd - depth
+                and len(slot.pulled | self.joined) < self.num_workers):
+            raise Busy()
+        if slot.round == -1 or (slot.round == rnd - depth and len(slot.pulled | self.joined) >= self.num_workers):
             slot.round = rnd
             slot.pushed.clear()
             slot.pulled.clear()
@@ -103,6 +137,7 @@ class KeyState:
             slot.wire = None
             slot.sigs.clear()
             slot.error = None
+            slot.count = 0
             if slot.acc is None:
                 slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(self.dtype, self.numel, self.op)
             return slot
@@ -117,9 +152,21 @@ class KeyState:
             slot.error = error
         raise Disagreement(slot.error, slot)
 
+    def late(self, rnd: int, rank: int) -> Slot | None:
+        """Backup keys: the completed round ``rnd``'s slot if ``rank``'s push for it comes too late (it is then
+        dropped and counted), else None."""
+        if not self.backup:
+            return None
+        slot = self.slots[rnd % len(self.slots)]
+        if slot.round != rnd or not slot.ready or rank in slot.pushed:
+            return None
+        self.dropped[rank] = self.dropped.get(rank, 0) + 1
+        return slot
+
     def push(self, rnd: int, rank: int, data: np.ndarray, sig: int = 0, offset: int = 0) -> Slot | None:
         """Add one worker's push; returns the slot when the round just completed. Raises
-        :class:`Disagreement` when its round signature differs from the others'."""
+        :class:`Disagreement` when its round signature differs from the others', :class:`Busy` when a
+        backup key's slot still waits for a late rank's pull."""
         slot = self._slot_for_push(rnd, rank)
         if slot.error is not None:
             raise Disagreement(slot.error, slot)
@@ -135,28 +182,33 @@ class KeyState:
         else:
             slot.acc.add(data)
         slot.pushed.add(rank)
-        if len(slot.pushed | self.joined) >= self.num_workers:
+        if self._enough(slot):
             self._complete(slot)
             return slot
         return None
 
+    def _enough(self, slot: Slot) -> bool:
+        """Every rank pushed or joined; with backup workers, all but ``backup`` of them (and one at least)."""
+        return bool(slot.pushed) and len(slot.pushed | self.joined) >= self.num_workers - self.backup
+
     def _complete(self, slot: Slot) -> None:
         result = slot.acc.result()
         slot.out = self.codec.compress_sum(result) if self.codec is not None else result
+        slot.count = len(slot.pushed)
         slot.ready = True
+        self.completed = max(self.completed, slot.round)
 
     def complete_without_joined(self) -> list:
         """Rounds that only waited for ranks that have joined since: complete them now (join())."""
         done = []
         for slot in self.slots:
-            if (slot.round != -1 and not slot.ready and slot.error is None and slot.pushed
-                    and len(slot.pushed | self.joined) >= self.num_workers):
+            if slot.round != -1 and not slot.ready and slot.error is None and self._enough(slot):
                 self._complete(slot)
                 done.append(slot)
         return done
 
     def pull(self, rnd: int, rank: int) -> Slot:
-        slot = self.slots[rnd % 2]
+        slot = self.slots[rnd % len(self.slots)]
         if slot.round != rnd:
             raise RoundError(f"tensor {self.name!r}: rank {rank} pulled round {rnd} before pushing it")
         if slot.error is not None:

@@ -21,11 +21,12 @@ from pushpull.cluster import nodes
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError, Member
 from pushpull.config import Config
-from pushpull.server.keystate import Disagreement, KeyState, RoundError
+from pushpull.server.keystate import Busy, Disagreement, KeyState, RoundError
 from pushpull.server.reduce import wire_view
 from pushpull.server.sparse import SparseStore
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, dtype_name, encode_json,
+    Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32, decode_json, dtype_code, dtype_name,
+    encode_json,
 )
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for
@@ -91,6 +92,9 @@ class Server:
             if self.member.failure:
                 code = 1
                 break
+        summary = self.dropped_summary()
+        if summary:
+            log.warning("%s: %s", nodes.describe(self.node_id), summary)
         for q in self.engines:
             q.put(None)
         self.van.stop()
@@ -258,14 +262,17 @@ class Server:
             return
         ks = KeyState(key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
         ks.joined = self.joined
+        backup = (decl["meta"] or {}).get("backup_workers", 0)
+        if backup:
+            problem = self._backup_problem(backup, decl)
+            if problem:
+                for ident, req_id, _ in pend["by"].values():
+                    self._error(ident, key, problem, req_id)
+                return
+            ks.use_backup(int(backup), self.cfg.backup_rounds)
         ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
         ks.op = decl["op"]
         ks.readers = frozenset(decl["readers"]) if decl["readers"] is not None else None
-        if self.cfg.enable_async and ks.op not in ("sum", "store"):
-            for ident, req_id, _ in pend["by"].values():
-                self._error(ident, key, f"tensor {decl['name']!r}: BYTEPS_ENABLE_ASYNC only sums ({ks.op} "
-                                          f"asked)", req_id)
-            return
         if decl["compression"]:
             try:
                 from pushpull.server.codec import ServerCodec
@@ -276,13 +283,36 @@ class Server:
                     self._error(ident, key, f"tensor {decl['name']!r}: compression {decl['compression']} "
                                               f"rejected by the server: {e}", req_id)
                 return
-        if self.cfg.enable_async or ks.op == "store":  # asynchronous training: the servers keep the parameters
+        if ks.op == "store":  # asynchronous training: the servers keep the parameters
             from pushpull.server.reduce import ACC_NP
 
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
         self.keys[key] = ks
         for ident, req_id, _ in pend["by"].values():
             self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id))
+
+    def _backup_problem(self, backup, decl: dict) -> str | None:
+        """Why a key cannot have ``backup`` backup workers (None: it can)."""
+        if not isinstance(backup, int) or not 0 < backup < self.num_workers:
+            return (f"tensor {decl['name']!r}: PUSHPULL_BACKUP_WORKERS={backup!r} must be an integer from 0 to "
+                    f"{self.num_workers - 1} with {self.num_workers} workers")
+        if decl["op"] != "sum" or decl["compression"]:
+            return (f"tensor {decl['name']!r}: backup workers need a plain sum (op {decl['op']!r}, compression "
+                    f"{decl['compression']!r} asked)")
+        return None
+
+    def dropped_summary(self) -> str:
+        """Late pushes dropped per key and rank (backup workers), for the log at shutdown."""
+        parts = [f"{ks.name} {dict(sorted(ks.dropped.items()))}" for ks in self.keys.values() if ks.dropped]
+        if not parts:
+            return ""
+        per_rank: dict[int, int] = {}
+        for ks in self.keys.values():
+            for r, c in ks.dropped.items():
+                per_rank[r] = per_rank.get(r, 0) + c
+        return (f"late pushes dropped (backup workers), per rank over {len(parts)} key(s): "
+                f"{dict(sorted(per_rank.items()))}; per key: " + "; ".join(parts[:8])
+                + (f"; ... {len(parts) - 8} more" if len(parts) > 8 else ""))
 
     def _status(self, identity: bytes, h: Header) -> None:
         """Which ranks key ``h.key`` has heard from, for round ``h.round`` (or its INIT if still pending), so
@@ -297,12 +327,14 @@ class Server:
         if pend is not None:
             have, stage = set(pend["by"]), "declared it"
         elif ks is not None:
-            slot = ks.slots[h.round % 2]
+            slot = ks.slots[h.round % len(ks.slots)]
             have, stage = (set(slot.pushed) if slot.round == h.round else set()), f"pushed round {h.round} of it"
         else:
             have, stage = set(), "declared it"
+        dropped = {str(r): c for r, c in sorted(ks.dropped.items())} if ks is not None else {}
         self._reply(identity, Header(MsgType.STATUS_RESP, key=h.key, round=h.round),
-                    [encode_json({"stage": stage, "have": sorted(have), "missing": sorted(everyone - have)})])
+                    [encode_json({"stage": stage, "have": sorted(have), "missing": sorted(everyone - have),
+                                  "dropped": dropped})])
 
     def _check_inits(self) -> None:
         self.sparse.check_inits(self.cfg.timeout)
@@ -339,7 +371,17 @@ class Server:
                 self._serve(*item)
 
     def _serve(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
-        """One push or pull of a key, on its engine thread (or on the I/O thread with 0 engines)."""
+        """One push or pull of a key, on its engine thread (or on the I/O thread with 0 engines); then the
+        pushes that waited for a late rank's pull (backup workers), once each."""
+        self._serve_one(identity, msg, ks)
+        while ks.deferred:
+            waiting, ks.deferred = ks.deferred, []
+            for ident, m in waiting:
+                self._serve_one(ident, m, ks)
+            if len(ks.deferred) == len(waiting):  # none could go yet
+                return
+
+    def _serve_one(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
         try:
             if ks.store is not None:
@@ -381,8 +423,21 @@ class Server:
         try:
             if h.flags & Flags.ABORT:
                 ks.abort(h.round, h.sender, str(decode_json(msg.body()).get("error", "aborted")))
+            late = ks.late(h.round, h.sender)
+            if late is not None:  # backup workers: its round completed without it; it gets that round's sum
+                if not h.flags & Flags.NO_ACK:
+                    self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+                if h.flags & Flags.PULL:
+                    ks.pull(h.round, h.sender)
+                    self._answer_pull(identity, h.sender, h.req_id, h.key, h.round, ks, late)
+                return
             data = self._decode_push(msg, ks)
             done = ks.push(h.round, h.sender, data, h.req_id, h.extra if ks.op == "concat" else 0)
+        except Busy:  # backup workers: a late rank has not pulled the round this slot holds yet
+            if len(ks.deferred) >= 2 * self.num_workers:
+                raise RoundError(f"tensor {ks.name!r}: more than {len(ks.deferred)} pushes wait for a late rank")
+            ks.deferred.append((identity, msg))
+            return
         except Disagreement as e:  # every rank of the round gets the error, those already waiting too
             for ident, _, req_id in e.slot.waiting:
                 self._error(ident, h.key, str(e), req_id)
@@ -418,13 +473,17 @@ class Server:
         if slot.wire is None:
             slot.wire = self.van.shared_frame(slot.out)
         compressed = ks.codec is not None
+        # backup workers: how many pushes the sum holds (the average's divisor) and how many rounds have
+        # completed after this one (a late rank catches up on them by pulling)
+        extra = backup_extra(slot.count, ks.completed - rnd) if ks.backup else 0
         self._reply(identity, Header(MsgType.PULL_RESP, key=key, round=rnd, req_id=req_id,
                                      dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=len(slot.wire),
-                                     flags=Flags.COMPRESSED if compressed else 0),
+                                     flags=Flags.COMPRESSED if compressed else 0, extra=extra),
                     [slot.wire])
 
     def _async_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
-        """BYTEPS_ENABLE_ASYNC: a push adds a delta to the parameters, a pull returns them at once."""
+        """A store key (asynchronous training): a push adds a delta to the parameters, a pull returns them at
+        once. Only members reach this: ``_handle`` checked the sender against its authenticated connection."""
         h = msg.header
         assert ks.store is not None
         if h.type == MsgType.PUSH:

@@ -4,8 +4,8 @@ Public calls reject unknown keyword arguments naming the nearest valid one (:mod
 from pushpull.torch.kwargs import checked as _checked
 from pushpull.torch import ops as _ops, functions as _functions, collectives as _coll, gather as _gather
 from pushpull.torch.ops import (  # noqa: F401
-    NotInitializedError, config, engine, init, is_initialized, local_rank, local_size, poll, rank, shutdown,
-    size, synchronize,
+    NotInitializedError, config, engine, init, is_initialized, late_pushes, local_rank, local_size, poll, rank,
+    shutdown, size, synchronize,
 )
 from pushpull.torch.compression import Compression, Compressor  # noqa: F401
 from pushpull.torch.optimizer import DistributedOptimizer  # noqa: F401

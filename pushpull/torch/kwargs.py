@@ -19,8 +19,8 @@ HOROVOD_ONLY = {
     "device_dense": "device_dense is a TensorFlow option: pushpull.torch reduces on the tensor's device",
     "device_sparse": "device_sparse is a TensorFlow option; pushpull does not reduce sparse tensors",
     "ignore_name_scope": "ignore_name_scope is a TensorFlow option",
-    "enable_async": "asynchronous training is pushpull.torch.AsyncOptimizer(optimizer, named_parameters), not an "
-                    "option of DistributedOptimizer",
+    "enable_async": "asynchronous training is DistributedOptimizer(..., asynchronous=True) (or BYTEPS_ENABLE_ASYNC=1, "
+                    "or pushpull.torch.AsyncOptimizer) in pushpull.torch",
 }
 
 

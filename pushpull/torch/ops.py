@@ -311,6 +311,20 @@ def _submit_local(tensor, output, key: str, spec: KeySpec, offset: int) -> Handl
     return h
 
 
+def late_pushes() -> dict[int, int]:
+    """Backup workers (PUSHPULL_BACKUP_WORKERS): per rank, the gradient pushes the servers dropped because their
+    round had completed without them (every partition counts; {} in a one-process job or with backup off)."""
+    eng = _need_init().engine
+    return eng.late_pushes() if eng is not None else {}
+
+
+def backup_spec() -> KeySpec:
+    """The key spec of an averaged gradient: with PUSHPULL_BACKUP_WORKERS=b > 0 its rounds complete with the
+    first size() - b pushes (declared to the servers, which check that every worker says the same)."""
+    b = config().backup_workers
+    return KeySpec(meta=(("backup_workers", b),)) if b else PLAIN
+
+
 def submit_key(tensor: torch.Tensor, output: torch.Tensor | None, average: bool, key: str, priority: int = 0,
                compression=None, spec: KeySpec = PLAIN, sig: int = 0, offset: int = 0) -> int:
     """Start one collective on the server-side name ``key`` (no name space added); returns a handle.

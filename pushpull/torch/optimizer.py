@@ -71,6 +71,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._strategy = strategy if not isinstance(strategy, str) and strategy is not None else make_strategy(
             strategy or ops.config().strategy, compression=wire, **opts)
         self._hooks = []
+        # backup workers (PUSHPULL_BACKUP_WORKERS): a step may be followed by catch-up steps (catch_up())
+        self._backup = ops.config().backup_workers > 0 and ops.engine() is not None
+        self.rounds = 0  # optimizer steps taken, catch-up steps included: the same on every worker
+        self.catch_up_steps = 0
         self._lr_getter = lambda: self.param_groups[0]["lr"]
         eng = ops.engine()
         if eng is not None:
@@ -199,12 +203,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                "the gradients have not been reduced yet")
         self._synchronized = False
         result = super(self.__class__, self).step(closure)  # type: ignore[misc]
+        self.rounds += 1
+        if self._backup:
+            self.catch_up()
         if _trace.TRACER is not None:  # one step ends here (or at pushpull.torch.trace_step())
             _trace.TRACER.end_step()
         run_step_callbacks(self)
         return result
 
     register_step_callback = register_step_callback
+
+    def catch_up(self) -> int:
+        """Backup workers: apply the rounds that completed without this worker (it was late), pulling their
+        averaged gradients instead of computing any, so that every worker applies the same sums in the same
+        order and a straggler does not hold the others back. Returns the steps taken (``rounds`` counts them)."""
+        eng = ops.engine()
+        taken = 0
+        limit = 4 * ops.config().backup_rounds  # the others may keep completing rounds meanwhile: bounded
+        while eng is not None and taken < limit and eng.rounds_behind() > 0:
+            for p in self._names:
+                if p.grad is not None:
+                    p.grad.zero_()  # not sent: the engine only pulls a round its servers said had completed
+            self.synchronize()
+            self._synchronized = False
+            super(self.__class__, self).step()  # type: ignore[misc]
+            taken += 1
+        self.rounds += taken
+        self.catch_up_steps += taken
+        return taken
 
     def zero_grad(self, set_to_none: bool = True):
         if self._submitted:
@@ -261,8 +287,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          strategy=None, model: torch.nn.Module | None = None, *, op=None,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
-                         sparse_as_dense: bool = False, process_set=None, **strategy_options):
+                         sparse_as_dense: bool = False, process_set=None, asynchronous: bool | None = None,
+                         **strategy_options):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
+
+    ``asynchronous=True`` (default: the BYTEPS_ENABLE_ASYNC setting) trains asynchronously instead: this returns
+    :func:`pushpull.torch.AsyncOptimizer` (docs/async.md), which takes none of the options below but
+    ``named_parameters``. With PUSHPULL_BACKUP_WORKERS=b, each round completes with the first size() - b workers'
+    gradients and a late worker catches up (``rounds`` counts every step, catch-up ones included).
 
     ``strategy``: 'wfbp' (default from PUSHPULL_STRATEGY), or another registered
     strategy; its options (``threshold_bytes=`` for fusion, ...) are keyword arguments too, and any other
@@ -279,6 +311,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if asynchronous is None:
+        asynchronous = ops.config().enable_async
+    if asynchronous:
+        return _asynchronous(optimizer, named_parameters, compression, backward_passes_per_step, strategy, op,
+                             gradient_predivide_factor, sparse_as_dense, strategy_options)
     if isinstance(strategy, int) and not isinstance(strategy, bool):
         raise TypeError("DistributedOptimizer's fifth positional argument is strategy=; pass Horovod's op= by "
                         "keyword (op=pushpull.torch.Sum)")
@@ -294,7 +331,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError("gradient_predivide_factor needs op=Average (Horovod's rule)")
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
-    own = {"named_parameters", "compression", "backward_passes_per_step", "strategy", "model"} | _HOROVOD_OPTIONS
+    own = {"named_parameters", "compression", "backward_passes_per_step", "strategy", "model",
+           "asynchronous"} | _HOROVOD_OPTIONS
     if not isinstance(strategy, str) and strategy is not None:
         if strategy_options:
             raise unknown_keyword("DistributedOptimizer", next(iter(strategy_options)), own)
@@ -314,3 +352,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
         AutoTuner(wrapped)
     return wrapped
+
+
+def _asynchronous(optimizer, named_parameters, compression, backward_passes_per_step, strategy, op,
+                  gradient_predivide_factor, sparse_as_dense, strategy_options):
+    """DistributedOptimizer(asynchronous=True) or BYTEPS_ENABLE_ASYNC=1: the asynchronous optimizer, after
+    refusing the synchronous options it would silently ignore (naming the option and where async came from)."""
+    from pushpull.torch.asynchronous import AsyncOptimizer
+
+    ignored = {"compression": compression not in (None, Compression.none),
+               "backward_passes_per_step": backward_passes_per_step != 1, "strategy": strategy is not None,
+               "op": op is not None, "gradient_predivide_factor": gradient_predivide_factor != 1.0,
+               "sparse_as_dense": sparse_as_dense}
+    bad = [k for k, v in ignored.items() if v] + list(strategy_options)
+    if bad:
+        why = "asynchronous=True" if not ops.config().enable_async else "asynchronous training (BYTEPS_ENABLE_ASYNC=1)"
+        raise ValueError(f"DistributedOptimizer: {why} pushes parameter deltas, it takes no {', '.join(bad)}; "
+                         f"drop {'it' if len(bad) == 1 else 'them'} or pass asynchronous=False")
+    return AsyncOptimizer(optimizer, named_parameters)

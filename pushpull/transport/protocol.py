@@ -242,6 +242,17 @@ def f32_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
+def backup_extra(count: int, ahead: int) -> int:
+    """A backup-workers key's PULL_RESP ``extra``: the pushes its sum holds (low 16 bits: the divisor of an
+    average) and the rounds completed after the answered one (high 16 bits, capped), 0 meaning neither."""
+    return (min(count, 0xFFFF) & 0xFFFF) | (min(max(ahead, 0), 0xFFFF) << 16)
+
+
+def split_backup_extra(extra: int) -> tuple[int, int]:
+    """(count, ahead) from :func:`backup_extra`'s value."""
+    return extra & 0xFFFF, extra >> 16
+
+
 def bits_f32(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 

@@ -25,7 +25,7 @@ from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
 from pushpull.config import Config, WorkerIdentity, max_partition_bytes
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json, f32_bits,
+    Flags, Header, Msg, MsgType, decode_json, dtype_code, encode_json, f32_bits, split_backup_extra,
 )
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for
@@ -103,6 +103,7 @@ class Partition:
     sock: str = ""        # the van socket of its server
     t_sent: float = 0.0   # when its push left (for the auto window's round trips)
     delivered_at_send: int = 0  # the engine's acknowledged bytes then
+    completed: int = 0    # backup workers: the highest round its server said had completed
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Op:
     """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
 
     __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
-                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen")
+                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen", "counts")
 
     def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor | None,
                  out_bytes: np.ndarray | None, average: bool, priority: int, device: torch.device | None = None,
@@ -150,6 +151,7 @@ class Op:
         self.sig = sig              # this round's signature, compared across workers by the server (0: none)
         self.reader = reader        # False: this rank only contributes; the server answers it an empty body
         self.offset = offset        # concat keys: where this rank's bytes go in the key
+        self.counts = None          # backup workers: [(offset, nbytes, pushes summed)] not yet averaged
 
 
 class Engine:
@@ -630,6 +632,11 @@ class Engine:
             self.stats["bytes_pushed"] += hi - lo
             self.stats["partitions"] += 1
             return
+        if op.round <= p.completed:  # backup workers: the round completed without us; only its sum is wanted
+            self.van.send(p.sock, Header(MsgType.PULL, sender=self.rank, key=p.key, round=op.round, dtype=e.code,
+                                         gen=self.gen, numel=p.nbytes // e.itemsize), [])
+            self.stats["partitions"] += 1
+            return
         view = op.inp[p.offset:p.offset + p.nbytes]
         # one request carries the push and the pull; the PUSH_ACK is wanted only to return a limited
         # credit early or for the trace (half the messages per partition otherwise)
@@ -763,6 +770,14 @@ class Engine:
             if self.tracer is not None:
                 self.tracer.pull_received(h.key)
             buf = msg.body_view()
+            inv = self.inv_size
+            if h.extra:  # backup workers: the sum holds ``count`` pushes; ``ahead`` rounds completed since
+                count, ahead = split_backup_extra(h.extra)
+                p.completed = max(p.completed, h.round + ahead)
+                if count and op.average:
+                    inv = 1.0 / count
+                    if op.entry.dtype not in _NP_FLOAT:  # averaged at the end, per partition
+                        op.counts = (op.counts or []) + [(p.offset, p.nbytes, count)]
             if not op.reader:  # this rank only contributed: the answer says the round completed
                 pass
             elif h.flags & Flags.COMPRESSED:
@@ -775,7 +790,8 @@ class Engine:
                     return
                 self._decompress(op, p, buf)
             else:
-                error = self._write_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average)
+                error = self._write_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average,
+                                        inv)
                 if error:
                     self._finish(op, error)
                     return
@@ -792,14 +808,47 @@ class Engine:
         else:
             log.warning("unexpected %s from a server ignored", t.name)
 
-    def _write_sum(self, e: Entry, p: Partition, buf, dst: np.ndarray, average: bool) -> str | None:
-        """Copy a partition's sum from the server into ``dst`` (averaging floats on the way); an error
-        text when the server's answer does not fit."""
+    def late_pushes(self) -> dict[int, int]:
+        """Backup workers: pushes the servers dropped because their round had completed, per rank, over every
+        partition of every backup key (asked through STATUS, 1 s per partition at most; ``partitions`` counts
+        those that answered)."""
+        total: dict[int, int] = {}
+        for e in list(self.entries.values()):
+            if not any(k == "backup_workers" for k, _ in e.spec.meta):
+                continue
+            for p in e.parts:
+                try:
+                    body = self.direct.exchange(p.sock, Header(MsgType.STATUS, sender=self.rank, key=p.key,
+                                                               round=e.round, gen=self.gen),
+                                                None, 1.0, lambda: self.member.failure, want=MsgType.STATUS_RESP)
+                    dropped = decode_json(bytes(body)).get("dropped") or {}
+                except (TimeoutError, ConnectionError, RuntimeError, zmq.ZMQError, ValueError) as ex:
+                    raise PushPullError(f"tensor {e.name!r}: server {p.server} did not say its late pushes: "
+                                        f"{ex}") from None
+                for rank, count in dropped.items():
+                    total[int(rank)] = total.get(int(rank), 0) + int(count)
+        return total
+
+    def rounds_behind(self) -> int:
+        """Backup workers: how many rounds of every backup key have completed on the servers beyond this
+        worker's own (as of their last answers): rounds it can catch up on by pulling their sums."""
+        behind = None
+        for e in list(self.entries.values()):
+            if e.busy or not e.parts or not any(k == "backup_workers" for k, _ in e.spec.meta):
+                continue
+            ahead = min(p.completed for p in e.parts) - e.round
+            behind = ahead if behind is None else min(behind, ahead)
+        return max(0, behind or 0)
+
+    def _write_sum(self, e: Entry, p: Partition, buf, dst: np.ndarray, average: bool,
+                   inv: float | None = None) -> str | None:
+        """Copy a partition's sum from the server into ``dst`` (averaging floats on the way, times ``inv``:
+        1/size, or 1/pushes summed with backup workers); an error text when the server's answer does not fit."""
         if len(buf) != p.nbytes:
             return f"tensor {e.name!r}: server {p.server} answered {len(buf)} bytes for a partition of {p.nbytes}"
         npdt = _NP_FLOAT.get(e.dtype) if average and self.size > 1 else None
         if npdt is not None:  # average while copying: one pass over the data instead of two
-            np.multiply(np.frombuffer(buf, dtype=npdt), self.inv_size, out=dst.view(npdt))
+            np.multiply(np.frombuffer(buf, dtype=npdt), self.inv_size if inv is None else inv, out=dst.view(npdt))
         else:
             np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
         return None
@@ -879,6 +928,8 @@ class Engine:
             for op in waiting:
                 self._finish(op, f"tensor {e.name!r}: {reason}", WorkersChanged)
             e.round = 0
+            for p in e.parts:
+                p.completed = 0  # the servers number rounds from 1 again too
             if e.state == "initing":  # declarations pending, or moved to another server: declare again
                 self._send_inits(e, [p for p in e.parts if not p.inited])
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
@@ -902,7 +953,7 @@ class Engine:
                     p.held = 0
         if error is None and op.out is not None:
             try:
-                self._average_rest(op.out, op.average)
+                self._average_rest(op.out, op.average, op.counts)
                 if op.user_out is not None:
                     op.user_out.copy_(op.out)
                 elif op.device is not None:
@@ -918,9 +969,19 @@ class Engine:
             self.van.at_pass_end(self._release_completed)
         self._completed.append((op.handle, error, exc))
 
-    def _average_rest(self, out: torch.Tensor, average: bool) -> None:
+    def _average_rest(self, out: torch.Tensor, average: bool, counts: list | None = None) -> None:
         """Average what was not averaged on arrival (dtypes NumPy cannot scale in place); integers are
-        divided rounding toward zero, as C integer division."""
+        divided rounding toward zero, as C integer division. ``counts``: backup workers' partitions, each
+        divided by the pushes its sum holds."""
+        if counts:
+            flat = out.reshape(-1).view(torch.uint8)
+            for off, nbytes, count in counts:
+                part = flat[off:off + nbytes].view(out.dtype)
+                if out.dtype.is_floating_point:
+                    part.div_(count)
+                else:
+                    part.copy_(torch.div(part, count, rounding_mode="trunc"))
+            return
         if average and self.size > 1 and out.dtype not in _NP_FLOAT:
             if out.dtype.is_floating_point:
                 out.div_(self.size)

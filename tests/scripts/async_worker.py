@@ -1,5 +1,6 @@
 """AsyncOptimizer: every worker starts from rank 0's parameters, its deltas all land on the servers, and
-plain reductions in the same job still sum."""
+plain reductions in the same job still sum. With the argument ``setting`` the optimizer is a plain
+DistributedOptimizer, which BYTEPS_ENABLE_ASYNC=1 (set by the test) must make asynchronous."""
 import sys
 
 import torch
@@ -12,7 +13,11 @@ torch.manual_seed(r)  # different on purpose
 model = torch.nn.Linear(4, 1, bias=False)
 start = bps.push_pull(model.weight.detach().clone() if r == 0 else torch.zeros(1, 4), average=False,
                       name="rank0.weight")  # rank 0's initial weight, for the check
-opt = bps.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters())
+if sys.argv[1:] == ["setting"]:
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters())
+else:
+    opt = bps.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters())
 if not torch.equal(model.weight.detach(), start):
     print(f"FAIL: rank {r} did not start from rank 0's parameters: {model.weight.tolist()} vs {start.tolist()}", flush=True)
     sys.exit(3)

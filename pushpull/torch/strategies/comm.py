@@ -52,9 +52,11 @@ class PSComm(Comm):
         self.compression = compression
 
     def submit(self, tensor, name, priority, average=True):
-        # gradients have a name space of their own on the servers (BytePS's "Gradient." prefix)
+        # gradients have a name space of their own on the servers (BytePS's "Gradient." prefix); averaged ones
+        # may complete without the slowest workers (PUSHPULL_BACKUP_WORKERS), a broadcast never
         return ops.submit_key(tensor, tensor, average, ops.key_name(ops.GRADIENT, name), priority,
-                              self.compression if average else None)
+                              self.compression if average else None,
+                              spec=ops.backup_spec() if average else ops.PLAIN)
 
     def wait(self, token) -> None:
         ops.synchronize(token)
