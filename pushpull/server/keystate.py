@@ -29,7 +29,7 @@ class Disagreement(RoundError):
         self.slot = slot
 
 
-def _disagreement(name: str, sigs: dict, num_workers: int) -> str:
+def _disagreement(name: str, sigs: dict, expected: set) -> str:
     fields = {r: describe_sig(s) for r, s in sigs.items()}
     parts = []
     for what in next(iter(fields.values())):
@@ -39,7 +39,7 @@ def _disagreement(name: str, sigs: dict, num_workers: int) -> str:
         if len(values) > 1:
             parts.append(f"{what}: " + ", ".join(f"rank(s) {rs} gave {v}" for v, rs in values.items()))
     text = f"tensor {name!r}: the workers disagree on " + "; ".join(parts)
-    later = sorted(set(range(num_workers)) - set(sigs))
+    later = sorted(expected - set(sigs))
     return text + (f" (rank(s) {later} had not pushed yet)" if later else "")
 
 
@@ -74,9 +74,21 @@ class KeyState:
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
     wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
     joined: set = field(default_factory=set)  # ranks that called join(): the server's set, shared
+    # the ranks that push this key (None: every worker). With the local reduce each machine's processes
+    # reduce together first and one of them pushes each slice, so a slice's key has one pusher per machine
+    writers: frozenset | None = None
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
+
+    def covers(self, ranks: set) -> bool:
+        """Whether ``ranks`` (with those that joined) are every rank this key waits for."""
+        if self.writers is None:
+            return len(ranks | self.joined) >= self.num_workers
+        return self.writers <= (ranks | self.joined)
+
+    def expected(self) -> set:
+        return set(self.writers) if self.writers is not None else set(range(self.num_workers))
 
     def reset(self, num_workers: int) -> None:
         """A new generation of workers (elastic): no round survives, ``num_workers`` push each one now.
@@ -87,12 +99,15 @@ class KeyState:
             self.codec.reset()
 
     def _slot_for_push(self, rnd: int, rank: int) -> Slot:
+        if self.writers is not None and rank not in self.writers:
+            raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd}, but only rank(s) "
+                             f"{sorted(self.writers)} push this key")
         slot = self.slots[rnd % 2]
         if slot.round == rnd:
             if rank in slot.pushed:
                 raise RoundError(f"tensor {self.name!r} round {rnd}: rank {rank} pushed twice")
             return slot
-        if slot.round == -1 or (slot.round == rnd - 2 and len(slot.pulled | self.joined) >= self.num_workers):
+        if slot.round == -1 or (slot.round == rnd - 2 and self.covers(slot.pulled)):
             slot.round = rnd
             slot.pushed.clear()
             slot.pulled.clear()
@@ -106,7 +121,7 @@ class KeyState:
             if slot.acc is None:
                 slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(self.dtype, self.numel, self.op)
             return slot
-        missing = sorted(set(range(self.num_workers)) - slot.pulled)
+        missing = sorted(self.expected() - slot.pulled)
         raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} while round {slot.round} "
                          f"has not been pulled by rank(s) {missing}")
 
@@ -124,7 +139,7 @@ class KeyState:
         if slot.error is not None:
             raise Disagreement(slot.error, slot)
         if slot.sigs and sig not in slot.sigs.values():
-            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig}, self.num_workers)
+            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig}, self.expected())
             raise Disagreement(slot.error, slot)
         slot.sigs[rank] = sig
         assert slot.acc is not None
@@ -135,7 +150,7 @@ class KeyState:
         else:
             slot.acc.add(data)
         slot.pushed.add(rank)
-        if len(slot.pushed | self.joined) >= self.num_workers:
+        if self.covers(slot.pushed):
             self._complete(slot)
             return slot
         return None
@@ -150,7 +165,7 @@ class KeyState:
         done = []
         for slot in self.slots:
             if (slot.round != -1 and not slot.ready and slot.error is None and slot.pushed
-                    and len(slot.pushed | self.joined) >= self.num_workers):
+                    and self.covers(slot.pushed)):
                 self._complete(slot)
                 done.append(slot)
         return done

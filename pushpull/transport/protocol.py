@@ -13,7 +13,8 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x5050  # "PP"
-VERSION = 5  # 5: round signatures in a PUSH's req_id, concat offsets in extra, ABORT, INIT op/readers
+VERSION = 6  # 5: round signatures in a PUSH's req_id, concat offsets in extra, ABORT, INIT op/readers;
+#             6: INIT writers (the ranks that push a key: one per machine with the local reduce), job_id
 
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra, gen
 # gen: the membership generation (elastic training): a message from before a change of workers is stale
