@@ -293,7 +293,9 @@ class LocalReduce:
                 idle = 0
                 continue
             idle += 1
-            self.wake.wait(min(1e-3, 2e-5 * idle))
+            # ops on the network are woken by their handle's callback; only waits on local peers poll
+            polling = any(op.stage != "net" for op in self.ops)
+            self.wake.wait(min(1e-3, 2e-5 * idle) if polling else LIVENESS_S)
             self.wake.clear()
         for op in list(self.ops):
             self._finish(op, f"tensor {op.name!r}: the engine shut down")
