@@ -106,7 +106,7 @@ def test_segment_names_depend_on_the_secret_and_the_run():
 
 
 def test_exact_sums_and_averages_and_each_process_pushes_its_slice():
-    out = run_job(2, 2, [LOCAL_WORKER, "wire"], env={"WANT_LOCAL": "1"})
+    out = run_job(2, 2, [LOCAL_WORKER, "wire"], env={"WANT_LOCAL": "1", "WIRE_PAUSE": "7"})
     assert out.count("WIRE-OK") == 4 and out.count("ALL-OK") == 4, out[-3000:]
 
 

@@ -583,7 +583,8 @@ class Engine:
         self.assign_waiting[self._req] = e
         self.member.send(Header(MsgType.ASSIGN, req_id=self._req),
                          [encode_json({"name": e.name, "shape": list(e.shape), "dtype": DTYPE_NAME[e.dtype],
-                                       "parts": [p.nbytes for p in e.parts]})])
+                                       "parts": [p.nbytes for p in e.parts],
+                                       **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})])
 
     def _on_assigned(self, e: Entry, result: dict) -> None:
         base = int(result["key"])
