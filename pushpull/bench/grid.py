@@ -623,6 +623,7 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                disable=not progress, file=sys.stderr)
     steps = {"steps": int(cfg.get("steps", 4)), "warmup": int(cfg.get("warmup", 4)), "tries": int(cfg.get("tries", 3))}
     timeout = float(cfg.get("timeout", 600))
+    started = 0
     try:
         for (hosts, bw, delay, cc), gjobs in groups.items():
             with EmulatedCluster(hosts, rate=bw, delay=delay, force_loopback=loopback,
@@ -644,7 +645,8 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                                "PUSHPULL_LOCAL_REDUCE": job["local_reduce"]}
                         if cluster.emulated:
                             env["GLOO_SOCKET_IFNAME"] = cluster.iface
-                        jl = os.path.join(log_dir, f"job{stats['cells_run']}") if log_dir else None
+                        started += 1  # a failed job runs no cell: number the logs by jobs, not cells
+                        jl = os.path.join(log_dir, f"job{started - 1}") if log_dir else None
                         t0 = time.monotonic()
                         try:
                             launch_job(cluster, job["workers"], job["servers"], argv, env=env,
