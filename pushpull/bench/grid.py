@@ -641,7 +641,6 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                                 "--result", res_path]
                         env = {"PUSHPULL_BACKEND": job["backend"], "PUSHPULL_AUTH": job["auth"],
                                "BYTEPS_PARTITION_BYTES": str(job["ps_partition_bytes"]),
-                               "BYTEPS_LOCAL_SIZE": str(job["local_size"]),
                                "PUSHPULL_LOCAL_REDUCE": job["local_reduce"]}
                         if cluster.emulated:
                             env["GLOO_SOCKET_IFNAME"] = cluster.iface
@@ -650,7 +649,8 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                         t0 = time.monotonic()
                         try:
                             launch_job(cluster, job["workers"], job["servers"], argv, env=env,
-                                       placement=job["placement"], log_dir=jl).wait(timeout)
+                                       placement=job["placement"], log_dir=jl,
+                                       local_size=job["local_size"]).wait(timeout)
                             with open(res_path) as f:
                                 res = json.load(f)
                         except Exception as ex:  # noqa: BLE001 - one failed job must not end the grid
