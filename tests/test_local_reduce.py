@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from pushpull.worker.local_reduce import LocalReduce, pid_dead, slice_bounds
 
