@@ -15,6 +15,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from pushpull.policy import fusion as _fusion
+from pushpull.policy.bytescheduler import DEFAULTS as _BS
+
 
 class ConfigError(ValueError):
     """A setting has a value it cannot accept; the message names the variable."""
@@ -100,6 +103,21 @@ def _opt_bytes(s: str) -> int | None:
     return None if s.strip() == "" else _int_min(1)(s)
 
 
+def _runtime_strategies() -> list[str]:
+    """The strategies PUSHPULL_STRATEGY accepts: every policy the runtime carries out (pushpull.policy)."""
+    from pushpull import policy
+
+    return [p.name for p in policy.all_policies() if p.runtime != "-"]
+
+
+def _strategy(s: str) -> str:
+    v = s.strip().lower()
+    known = _runtime_strategies()  # read at parse time: a policy file added later is accepted
+    if v not in known:
+        raise ValueError(f"expected one of {', '.join(known)}")
+    return v
+
+
 _LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "fatal")
 
 
@@ -182,20 +200,21 @@ SETTINGS: tuple[Setting, ...] = (
       "is sent and answered on the caller's own thread, skipping the communication thread's two hand-offs "
       "(a one-float push_pull: 460 us through the engine, 290 us direct; docs/results.md, Transport)."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
-      "Threads for compression/decompression on the worker (0 = on the communication thread)."),
+      "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "
+      "communication thread (0 = on the communication thread); for compressed models with many large "
+      "partitions on a machine with cores to spare."),
     S("key_hash_fn", ["BYTEPS_KEY_HASH_FN"], "balanced", _choice("balanced", "djb2", "sdbm", "naive", "built_in"),
       "balanced | djb2 | sdbm | naive | built_in",
       "How partitions are mapped to servers: 'balanced' assigns by bytes (least loaded first); the others hash the key as BytePS does."),
-    S("strategy", [], "wfbp", _choice("bsp", "wfbp", "fusion", "mgwfbp", "bytescheduler", "auto"),
-      "bsp | wfbp | fusion | mgwfbp | bytescheduler | auto",
+    S("strategy", [], "wfbp", _strategy, " | ".join(_runtime_strategies()),
       "Communication strategy used by DistributedOptimizer. auto: measure the links and the model in the first "
       "steps, let the simulator pick backend, strategy, partition and credit, keep the pick only if the next "
       "steps confirm it, else the runner-up (docs/scheduling.md)."),
     S("backend", [], "ps", _choice("ps", "allreduce"), "ps | allreduce",
       "Reduce gradients through the parameter servers or through torch.distributed all-reduce."),
-    S("fusion_threshold_bytes", [], 64 * 1024 * 1024, _int_min(1), "integer >= 1",
+    S("fusion_threshold_bytes", [], _fusion.THRESHOLD_BYTES, _int_min(1), "integer >= 1",
       "Tensor-fusion buffer size for the 'fusion' strategy."),
-    S("fusion_cycle_ms", [], 1.0, _float_pos, "number > 0", "Tensor-fusion cycle time in milliseconds."),
+    S("fusion_cycle_ms", [], _fusion.CYCLE_MS, _float_pos, "number > 0", "Tensor-fusion cycle time in milliseconds."),
     S("strategy_warmup_steps", [], 2, _int_min(1), "integer >= 1",
       "Steps the 'fusion' and 'mgwfbp' strategies measure gradient-ready times (reducing as one buffer) "
       "before fixing their buffers from rank 0's measurement."),
@@ -205,9 +224,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("mgwfbp_beta", [], None, _opt_float, "seconds per byte >= 0, or empty = measure",
       "MG-WFBP: per-byte cost of one reduction (beta); empty = fitted with alpha."),
     S("bytescheduler_partition_bytes", [], None, _opt_bytes, "integer >= 1, or empty = default",
-      "ByteScheduler partition size; default 4000000 (1 M float32 elements) over ps, 32000000 over allreduce."),
+      f"ByteScheduler partition size; default {_BS['ps'][0]} (1 M float32 elements) over ps, "
+      f"{_BS['allreduce'][0]} over allreduce."),
     S("bytescheduler_credit_bytes", [], None, _opt_bytes, "integer >= 1, or empty = default",
-      "ByteScheduler credit (bytes in flight); default 16000000 (4 M elements) over ps, 64000000 over allreduce."),
+      f"ByteScheduler credit (bytes in flight); default {_BS['ps'][1]} (4 M elements) over ps, "
+      f"{_BS['allreduce'][1]} over allreduce."),
     S("allreduce_port", [], None, _opt_int, "port 1..65535, or empty = DMLC_PS_ROOT_PORT + 2",
       "Port of rank 0's torch.distributed rendezvous store for PUSHPULL_BACKEND=allreduce (rank 0 runs on "
       "DMLC_PS_ROOT_URI)."),
@@ -240,6 +261,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("server_max_keys", [], 100_000, _int_min(1), "integer >= 1",
       "Keys (partitions) one server holds, declared or being declared; an INIT beyond it is refused, so a "
       "flood of declarations cannot grow a server without bound."),
+    S("sparse_max_table_bytes", [], 4 << 30, _int_min(0), "integer >= 0",
+      "Bytes of sparse-table rows (and their Adagrad state) one server holds, all tables together; a "
+      "SparseEmbedding whose row range on a server would pass it is refused at its declaration, naming the "
+      "table and the bytes (docs/sparse.md)."),
     S("allow_pickle", [], False, _bool, "0 | 1",
       "broadcast_object may unpickle what the root sent (runs code chosen by whoever sent it); off, objects "
       "load as JSON or with torch.load(weights_only=True): tensors, containers, numbers, strings."),

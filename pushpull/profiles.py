@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from pushpull import dtypes
+
 FORMAT = "pushpull-profile/1"
 
-DTYPE_BYTES = {
-    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
-    "int32": 4, "int64": 8, "uint8": 1, "int8": 1,
-}
+DTYPE_BYTES = {n: dtypes.NBYTES[n] for n in dtypes.TENSOR_NAMES}  # what a push_pull carries -> bytes per element
 
 
 class ProfileError(ValueError):

@@ -79,3 +79,24 @@ def size_bytes(value, arg: str = "size") -> int:
 def duration_s(value, arg: str = "duration") -> float:
     """``50us``, ``1ms``, ``0.2s`` -> seconds."""
     return _parse(value, TIME_UNITS, "duration", arg)
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """bytes/s -> ``10gbit`` style (the inverse of :func:`rate_bytes` for round numbers); ``inf``."""
+    if math.isinf(bytes_per_s):
+        return "inf"
+    bits = bytes_per_s * 8
+    for unit, f in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= f:
+            return f"{bits / f:g}{unit}"
+    return f"{bits:g}bit"
+
+
+def format_size(n: float | None) -> str:
+    """bytes -> ``4.096MB`` style (decimal, 4 significant digits); ``inf`` for None or infinity."""
+    if n is None or math.isinf(n):
+        return "inf"
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= f:
+            return f"{n / f:.4g}{unit}"
+    return f"{n:g}B"

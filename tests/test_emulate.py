@@ -19,8 +19,8 @@ import pytest
 
 from pushpull.emulate import measure
 from pushpull.emulate.jobs import JobError, launch_job, launch_torch_job, launch_torchrun_job
-from pushpull.emulate.netns import (EmulatedCluster, cleanup, list_namespaces, netem_available,
-                                    netns_unavailable_reason)
+from pushpull.emulate.netns import (EmulatedCluster, cleanup, congestion_selectable, list_namespaces,
+                                    netem_available, netns_unavailable_reason)
 
 REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
@@ -52,12 +52,31 @@ def test_hosts_run_the_chosen_congestion_control():
     cc = "/proc/sys/net/ipv4/tcp_congestion_control"
     if "cubic" not in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split():
         pytest.skip("this kernel has no cubic")
+    if not congestion_selectable("cubic"):
+        pytest.skip("net.ipv4.tcp_allowed_congestion_control does not let a namespace pick cubic")
     mine = open(cc).read().strip()
     with EmulatedCluster(2, rate="100mbit") as c:
         got = [c.run(i, ["cat", cc], timeout=10).stdout.strip() for i in range(2)]
     assert got == ["cubic", "cubic"]
     with EmulatedCluster(1, rate="100mbit", congestion=None) as c:
         assert c.run(0, ["cat", cc], timeout=10).stdout.strip() == mine
+
+
+@needs_netns
+def test_a_congestion_control_the_machine_does_not_allow_is_reported_not_claimed(tmp_path, monkeypatch, caplog):
+    """A fresh machine often lets namespaces pick only its default and reno: the hosts then keep the
+    machine's, a warning says how to allow the one asked for, and congestion_in_force (what grid rows
+    record) is what they really run."""
+    from pushpull.emulate import netns
+
+    allowed = tmp_path / "allowed"
+    allowed.write_text("reno\n")  # as if only reno were allowed
+    monkeypatch.setattr(netns, "ALLOWED_CC", str(allowed))
+    mine = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    with caplog.at_level("WARNING"), EmulatedCluster(1, rate="100mbit", congestion="cubic") as c:
+        got = c.run(0, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], timeout=10).stdout.strip()
+        assert got == mine and c.congestion_in_force == mine
+    assert "tcp_allowed_congestion_control" in caplog.text and "sysctl -w" in caplog.text
 
 
 @needs_netns

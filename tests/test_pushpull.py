@@ -34,15 +34,47 @@ def assert_ok(res: subprocess.CompletedProcess, workers: int) -> None:
 
 
 # engines: the servers' summation threads (None: the launcher's choice; 0: on the receiving thread)
-@pytest.mark.parametrize("workers,servers,engines", [(1, 1, None), (2, 1, None), (2, 3, "0"), (3, 2, None),
-                                                     (4, 3, "4")])
-def test_all_cases_across_cluster_shapes(workers, servers, engines):
-    env = {"BYTEPS_PARTITION_BYTES": "40000"}
-    if engines is not None:
-        env["BYTEPS_SERVER_ENGINE_THREAD"] = engines
-    if workers == 1:
-        env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker, but through a real server
-    assert_ok(launch(workers, servers, "all", env=env), workers)
+SHAPES = {"1w-1s": (1, 1, None), "2w-1s": (2, 1, None), "2w-3s-engines0": (2, 3, "0"), "3w-2s": (3, 2, None),
+          "4w-3s-engines4": (4, 3, "4")}
+ALL_CASES = ["dtypes", "partitions", "many", "rounds", "direct", "overlap", "priority"]  # pp_worker's "all"
+
+
+@pytest.fixture(scope="module")
+def shape_runs():
+    """One launch per cluster shape, shared by that shape's cases (each case is its own reported test)."""
+    runs: dict = {}
+
+    def run(shape: str) -> tuple[int, str]:
+        if shape not in runs:
+            workers, servers, engines = SHAPES[shape]
+            env = {"BYTEPS_PARTITION_BYTES": "40000"}
+            if engines is not None:
+                env["BYTEPS_SERVER_ENGINE_THREAD"] = engines
+            if workers == 1:
+                env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker, but through a real server
+            res = launch(workers, servers, "all", env=env)
+            runs[shape] = (workers, res.stdout + res.stderr)
+        return runs[shape]
+    return run
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_case_across_cluster_shapes(shape_runs, shape, case):
+    workers, out = shape_runs(shape)
+    ok = out.count(f"case {case} ok on rank")
+    if ok != workers:
+        lines = [ln for ln in out.splitlines() if f"case {case} " in ln or "FAIL" in ln or "Error" in ln]
+        pytest.fail(f"case {case!r} passed on {ok} of {workers} workers:\n" + "\n".join(lines[-30:]) + "\n---\n"
+                    + out[-2500:])
+
+
+def test_every_case_of_all_is_tested():
+    """The worker's "all" and the list above agree (a new case is reported, not silently skipped)."""
+    src = Path(WORKER).read_text()
+    excluded = ("mismatch", "hang", "caught", "lonely", "misnamed")
+    names = re.findall(r'"(\w+)": case_\w+', src)
+    assert [n for n in names if n not in excluded] == ALL_CASES
 
 
 def test_single_process_without_servers_is_local():

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pushpull.torch.strategies.fusion import fusion_plan
-from pushpull.torch.strategies.mgwfbp import fit_alpha_beta, mgwfbp_groups
+from pushpull.policy.fusion import fusion_plan
+from pushpull.policy.mgwfbp import fit_alpha_beta, mgwfbp_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "scripts" / "strategy_worker.py")
@@ -85,39 +85,13 @@ def single_process():
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_writes_back_what_the_backend_returns(single_process, name):
+    from fakes import Doubling, drive
     from pushpull.torch.strategies import make_strategy
-    from pushpull.torch.strategies.comm import Comm
-
-    class Doubling(Comm):
-        backend = "ps"
-
-        def __init__(self):
-            self.sent = []
-
-        def submit(self, tensor, name, priority, average=True):
-            self.sent.append(name)
-            if average:
-                tensor.mul_(2)
-            return name
-
-        def wait(self, token):
-            pass
-
-        def poll(self, token):
-            return True
 
     comm = Doubling()
     opts = {"alpha": 1e-3, "beta": 1e-9} if name == "mgwfbp" else {}
     st = make_strategy(name, comm=comm, **opts)
-    for step in range(4):
-        grads = {i: torch.full((10 * (i + 1),), float(i + step), dtype=torch.float64 if i == 2 else torch.float32)
-                 for i in range(5)}
-        for i in reversed(range(5)):
-            st.on_ready(f"g{i}", grads[i], -i)
-        st.on_backward_done()
-        st.wait_all()
-        for i in range(5):
-            assert torch.equal(grads[i], torch.full_like(grads[i], 2.0 * (i + step))), (step, i)
+    drive(st, 4)
     if name in ("bsp", "mgwfbp"):
         assert any("[" in s for s in comm.sent)  # something was fused
 

@@ -62,24 +62,7 @@ def single_process():
 def scripted(confirm_s: float, runner_s: float, **kw):
     """An Auto over two doubling fake backends whose probes and phase times are injected."""
     from pushpull.torch.strategies.auto import Auto
-    from pushpull.torch.strategies.comm import Comm
-
-    class Doubling(Comm):
-        def __init__(self, backend):
-            self.backend = backend
-            self.sent: list[str] = []
-
-        def submit(self, tensor, name, priority, average=True):
-            self.sent.append(name)
-            if average:
-                tensor.mul_(2)
-            return name
-
-        def wait(self, token):
-            pass
-
-        def poll(self, token):
-            return True
+    from fakes import Doubling
 
     class Scripted(Auto):
         def probe(self, backend, nbytes):  # PS 4x faster than the ring: PS wins

@@ -43,16 +43,41 @@ def assert_ok(res: subprocess.CompletedProcess, workers: int) -> str:
     return out
 
 
-@pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])
-def test_api_semantics_under_launcher(workers, servers):
-    out = assert_ok(launch(workers, servers, [sys.executable, WORKER, "all"]), workers)
-    for case in ("broadcast", "optstate", "grads", "equiv", "ddp", "ddp_hook", "scaler", "guards", "unused"):
-        assert out.count(f"case {case} ok") == workers, out[-3000:]
+CASES = ["broadcast", "optstate", "grads", "equiv", "ddp", "ddp_hook", "scaler", "guards", "unused"]
+SHAPES = {"2w-1s": (2, 1), "3w-2s": (3, 2), "alone": (1, 0)}  # alone: size()==1 without servers, all local
 
 
-def test_api_single_process_mode():
-    """size()==1 without servers: everything runs locally, same results."""
-    assert_ok(alone([sys.executable, WORKER, "all"]), 1)
+@pytest.fixture(scope="module")
+def shape_runs():
+    """One launch per shape, shared by its cases (each case is its own reported test)."""
+    runs: dict = {}
+
+    def run(shape: str) -> tuple[int, str]:
+        if shape not in runs:
+            workers, servers = SHAPES[shape]
+            res = (alone([sys.executable, WORKER, "all"]) if servers == 0
+                   else launch(workers, servers, [sys.executable, WORKER, "all"]))
+            runs[shape] = (workers, res.stdout + res.stderr)
+        return runs[shape]
+    return run
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_api_case(shape_runs, shape, case):
+    workers, out = shape_runs(shape)
+    ok = out.count(f"case {case} ok on rank")
+    if ok != workers:
+        lines = [ln for ln in out.splitlines() if f"case {case} " in ln or "FAIL" in ln or "Error" in ln]
+        pytest.fail(f"case {case!r} passed on {ok} of {workers} workers:\n" + "\n".join(lines[-30:]) + "\n---\n"
+                    + out[-2500:])
+
+
+def test_every_case_is_tested():
+    import re
+
+    names = re.findall(r'"(\w+)": case_\w+', Path(WORKER).read_text())
+    assert names == CASES
 
 
 def _summary(out: str) -> dict:

@@ -46,3 +46,40 @@ def test_a_duration_without_unit_is_refused_everywhere(text):
                                     ("64MiB", 64 << 20), ("1kib", 1024)])
 def test_sizes(text, n):
     assert units.size_bytes(text) == n
+
+
+def test_mbit_and_mbps_are_both_megabits():
+    assert units.rate_bytes("8mbit") == units.rate_bytes("8mbps") == 1e6
+
+
+def test_megabytes_per_second_is_written_with_a_slash():
+    assert units.rate_bytes("1MB/s") == 1e6 and units.rate_bytes("1MB/s") == 8 * units.rate_bytes("1mbit")
+
+
+def test_a_bare_number_is_a_size_in_bytes():
+    assert units.size_bytes("4096") == 4096 and units.size_bytes(4096.0) == 4096
+
+
+@pytest.mark.parametrize("text", ["200mbit", "200mbps", "25MB/s"])
+def test_the_grid_gives_the_emulator_and_its_compute_scale_the_same_rate(text):
+    from pushpull.bench.grid import expand
+    job = expand({"strategies": ["wfbp"], "bandwidths": [text], "workers": [2]})[0]
+    assert job["bandwidth_bytes_s"] * 8 == pytest.approx(parse_rate(job["bandwidth"]))
+
+
+def test_the_grid_refuses_a_bandwidth_without_unit():
+    from pushpull.bench.grid import expand
+    with pytest.raises(ValueError, match="bandwidths"):
+        expand({"strategies": ["wfbp"], "bandwidths": ["200"], "workers": [2]})
+
+
+def test_the_grid_reads_variant_sizes_with_units():
+    from pushpull.bench.grid import strategy_spec
+    spec = strategy_spec("bs", {"variants": {"bs": {"base": "bytescheduler", "partition_bytes": "4MB",
+                                                    "credit_bytes": 8e6}}})
+    assert (spec["partition_bytes"], spec["credit_bytes"]) == (4_000_000, 8_000_000)
+
+
+@pytest.mark.parametrize("value,text", [(1.25e9, "10gbit"), (12.5e6, "100mbit"), (float("inf"), "inf")])
+def test_a_rate_formats_back_to_what_parses(value, text):
+    assert units.format_rate(value) == text and units.rate_bytes(text, allow_inf=True) == value

@@ -16,7 +16,7 @@ Keys (defaults in brackets):
 * ``models``: shipped profile names or profile files; compute is emulated
   (per-layer sleeps, :mod:`pushpull.bench.emulated_model`), gradients have the
   profile's tensor sizes scaled down to ``grad_mb`` [8] MB in all.
-* ``strategies``: ``bsp``, ``wfbp``, ``fusion``, ``mgwfbp``, ``bytescheduler``,
+* ``strategies``: any strategy of :mod:`pushpull.policy` (``bsp``, ``wfbp``, ``fusion``, ``mgwfbp``, ``bytescheduler``,
   ``auto`` (:mod:`pushpull.torch.strategies.auto`: picks backend and strategy itself, starting over the
   job's backend; it gets ``AUTO_WARMUP`` [10] untimed warm-up steps, or its variant's ``warmup``, so that
   its measuring, choice, confirmation and fallback all happen before the timed steps; a variant's
@@ -84,14 +84,18 @@ import socket
 import statistics
 import sys
 
+from pushpull import policy, units
+from pushpull.policy import bytescheduler as bs_policy
 from pushpull.cli import help_text
 import tempfile
 import time
 from pathlib import Path
 
-BASE_STRATEGIES = ("wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler", "ddp", "auto")
+# the runtime's strategies (pushpull.policy: a strategy added there is a grid strategy too), plus "ddp":
+# PyTorch's own DistributedDataParallel as the reference
+BASE_STRATEGIES = tuple(n for n in policy.names() if policy.get(n).runtime != "-") + ("ddp",)
 AUTO_WARMUP = 10  # auto: 3 measuring + 3 confirming + 3 on a fallback + 1 with the final pick (defaults)
-BS_DEFAULTS = {"ps": (4_000_000, 16_000_000), "allreduce": (32_000_000, 64_000_000)}
+BS_DEFAULTS = bs_policy.DEFAULTS
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
               "ratio", "grad_mb", "ps_partition_bytes", "repeat", "congestion", "auth", "local_size", "local_reduce")
@@ -121,7 +125,7 @@ def _bytes(v):
         return WHOLE
     if isinstance(v, str) and v.lower() in ("inf", "none", "unlimited"):
         return WHOLE
-    return int(float(v))
+    return units.size_bytes(v, "partition_bytes/credit_bytes")
 
 
 def strategy_spec(name: str, cfg: dict) -> dict:
@@ -136,8 +140,9 @@ def strategy_spec(name: str, cfg: dict) -> dict:
         base = name.split("+")[0]
         spec = {"name": name, "base": base, "layerwise": name.endswith("+lw"), "partition_bytes": None,
                 "credit_bytes": None, "compression": None, "backends": None}
-    if spec["base"] not in BASE_STRATEGIES:
-        raise ValueError(f"strategy {name!r}: unknown base {spec['base']!r} (choose from {BASE_STRATEGIES} "
+    bases = tuple(n for n in policy.names() if policy.get(n).runtime != "-") + ("ddp",)  # read now: new files
+    if spec["base"] not in bases:
+        raise ValueError(f"strategy {name!r}: unknown base {spec['base']!r} (choose from {bases} "
                          f"or define it under 'variants')")
     if spec["compression"] and spec["backends"] is None:
         spec["backends"] = ["ps"]
@@ -163,13 +168,28 @@ def scaled_profile(model: str, grad_mb: float):
 def scaled_ps_partition_bytes(size_scale: float) -> int:
     """BytePS's default key size (BYTEPS_PARTITION_BYTES, 4,096,000) scaled with the model's tensors, at
     least 64 KiB: the out-of-the-box key size of a model shrunk by ``size_scale``."""
-    return max(65536, int(4_096_000 * size_scale))
+    return max(65536, int(_setting_default("partition_bytes") * size_scale))
+
+
+def _scaled_scheduling(run: dict, backend: str, size_scale: float) -> dict:
+    """A strategy that schedules (partition + credit, pushpull.policy) gets its defaults scaled with the
+    model's tensors, unless the variant set them; the others keep the backend's."""
+    pol = policy.get(run["base"]) if run["base"] in policy.names() else None
+    if pol is None or not pol.schedules:
+        return {"partition_bytes": run["partition_bytes"], "credit_bytes": run["credit_bytes"]}
+    p_def, c_def = pol.scheduling(backend)
+    return {"partition_bytes": run["partition_bytes"] or max(4096, int(p_def * size_scale)),
+            "credit_bytes": run["credit_bytes"] or max(4096, int(c_def * size_scale))}
+
+
+def _setting_default(name: str):
+    from pushpull.config import SETTINGS
+
+    return next(s.default for s in SETTINGS if s.name == name)
 
 
 def expand(cfg: dict) -> list[dict]:
     """The grid's jobs, each with its cells' strategies."""
-    from pushpull.sim.config import parse_bandwidth
-
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
@@ -194,14 +214,9 @@ def expand(cfg: dict) -> list[dict]:
         if not runs:
             continue
         prof, size_scale, grad_bytes = scaled_profile(model, grad_mb)
-        bw_bytes = parse_bandwidth(bw)
+        bw_bytes = units.rate_bytes(bw, "bandwidths", allow_inf=True)
         compute_scale = float(ratio) * (grad_bytes / bw_bytes) / prof.compute_s
-        p_def, c_def = BS_DEFAULTS[backend]
-        runs = [dict(r, partition_bytes=r["partition_bytes"] or (max(4096, int(p_def * size_scale))
-                                                                 if r["base"] == "bytescheduler" else None),
-                     credit_bytes=r["credit_bytes"] or (max(4096, int(c_def * size_scale))
-                                                       if r["base"] == "bytescheduler" else None))
-                for r in runs]
+        runs = [dict(r, **_scaled_scheduling(r, backend, size_scale)) for r in runs]
         hosts = n if placement == "colocated" else n + k
         jobs.append({"model": model, "backend": backend, "workers": n, "servers": k, "placement": placement,
                      "bandwidth": bw, "bandwidth_bytes_s": bw_bytes, "delay": cfg.get("delay"),
@@ -211,7 +226,7 @@ def expand(cfg: dict) -> list[dict]:
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
                      # PS keys sharded at ByteScheduler's size x the size scale (BYTEPS_PARTITION_BYTES)
-                     "ps_partition_bytes": int(float(cfg["ps_partition_bytes"])) if cfg.get("ps_partition_bytes")
+                     "ps_partition_bytes": units.size_bytes(cfg["ps_partition_bytes"], "ps_partition_bytes") if cfg.get("ps_partition_bytes")
                      else scaled_ps_partition_bytes(size_scale)})
     return jobs
 
@@ -489,7 +504,7 @@ def child_main(spec: dict, out: str) -> int:
             continue
         named = [(f"{r['name']}.{n}", p) for n, p in model.named_parameters()]
         opts = dict(r.get("options") or {})
-        if r["base"] == "bytescheduler":
+        if policy.get(r["base"]).schedules:  # its options are partition_bytes and credit (pushpull.policy.base)
             opts = {"partition_bytes": r["partition_bytes"], "credit": r["credit_bytes"]}
         strategy = make_strategy(r["base"], **opts)
         sgd = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -660,6 +675,8 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                             bar.update(len(job["runs"]))
                             continue
                         wall = time.monotonic() - t0
+                    if cluster.congestion_in_force:  # what the hosts ran (a machine may refuse the one asked)
+                        job = dict(job, congestion=cluster.congestion_in_force)
                     rows = [r for r in _rows_for(job, res, cfg, mode, wall) if cell_key(r) not in done]
                     with open(out, "a") as f:
                         for r in rows:

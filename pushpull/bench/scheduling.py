@@ -35,10 +35,13 @@ import statistics
 import sys
 import time
 
+from pushpull import policy
 from pushpull.cli import help_text
 from pushpull.bench.jobs import run_job
 
-STRATEGIES = ["wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler"]
+# the runtime's fixed strategies (pushpull.policy; auto picks among them), the reference (wfbp) first
+STRATEGIES = sorted((p.name for p in policy.all_policies() if p.fixed and p.runtime != "-"),
+                    key=lambda n: n != "wfbp")
 # "<strategy>+lw": the same strategy with layer-wise updates (ScheduledOptimizer), which is how
 # ByteScheduler is used: priorities only pay off when the next forward pass can start early
 DEFAULT_RUNS = STRATEGIES + ["wfbp+lw", "bytescheduler+lw"]

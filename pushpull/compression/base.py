@@ -18,16 +18,23 @@ from __future__ import annotations
 import math
 import struct
 import warnings
-from typing import Callable, ClassVar, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
+
+from pushpull import dtypes as _dt
 
 __all__ = [
     "Payload",
     "Compressor",
     "decode_payload",
     "register_codec",
+    "codec_by_name",
+    "codecs",
+    "Option",
+    "SEED",
     "resolve_k",
     "HEADER",
     "CHUNK",
@@ -44,32 +51,68 @@ _ALIGN = 8
 # per-call overhead of NumPy is noise.
 CHUNK = 1 << 16
 
-_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-)
-_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# payload dtype id <-> torch dtype: the ``payload`` numbering of pushpull.dtypes
+_DTYPES: dict[int, torch.dtype] = {code: d.torch for code, d in _dt.BY_PAYLOAD.items()}
+_DTYPE_CODE = {dt: code for code, dt in _DTYPES.items()}
+FLOAT_DTYPES = tuple(_dt.to_torch(n) for n in _dt.FLOAT_NAMES)
 
-# codec id -> compressor class; filled by @register_codec at import time.
+# The one codec registry: wire id -> compressor class, filled by @register_codec when a codec's module is
+# imported (pushpull.compression imports every module of the package); names are looked up in it too.
 _CODECS: dict[int, type["Compressor"]] = {}
 
 
 def register_codec(cls: type["Compressor"]) -> type["Compressor"]:
-    """Class decorator: make payloads with ``cls.codec`` decodable anywhere."""
+    """Class decorator: make payloads with ``cls.codec`` decodable anywhere and ``cls.name`` usable in
+    a compression spec. The id is what travels (one byte); the name and the options are the spec's."""
+    if not 0 <= cls.codec <= 255:
+        raise ValueError(f"codec {cls.__name__}: wire id must be 0..255 (one byte), got {cls.codec}")
     other = _CODECS.get(cls.codec)
-    if other is not None and other is not cls:
+    if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"codec id {cls.codec} used by both {other.__name__} and {cls.__name__}")
+    named = codec_by_name(cls.name)
+    if named is not None and named.codec != cls.codec and named.__qualname__ != cls.__qualname__:
+        raise ValueError(f"codec name {cls.name!r} used by both {named.__name__} (id {named.codec}) and "
+                         f"{cls.__name__} (id {cls.codec})")
+    for key, opt in cls.options.items():
+        for o in _CODECS.values():
+            theirs = o.options.get(key)
+            if o.codec != cls.codec and theirs is not None and theirs.default != opt.default:
+                raise ValueError(f"codec {cls.name!r}: option {key!r} defaults to {opt.default!r}, codec "
+                                 f"{o.name!r} has it default to {theirs.default!r}; one spec key has one default")
     _CODECS[cls.codec] = cls
     return cls
+
+
+def codec_by_name(name: str) -> type["Compressor"] | None:
+    for cls in _CODECS.values():
+        if cls.name == name:
+            return cls
+    return None
+
+
+def codecs() -> list[type["Compressor"]]:
+    """Every registered codec, by wire id."""
+    return [_CODECS[i] for i in sorted(_CODECS)]
+
+
+@dataclass(frozen=True)
+class Option:
+    """A key of the compression spec that a codec (or a wrapper) reads: its default, and ``check``, which
+    raises ValueError naming the key for a bad value. Checks run whichever codec the spec picks (a
+    spec may carry settings for several); what only makes sense for the chosen codec goes in its
+    :meth:`Compressor.normalize`."""
+
+    default: Any = None
+    check: Callable[[Any], None] | None = None
+    doc: str = ""
+
+
+def _check_seed(seed) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"compression spec: seed must be a non-negative integer or null, got {seed!r}")
+
+
+SEED = Option(None, _check_seed, "random seed (null: the codec's default); offset per partition key")
 
 
 def _codec_class(codec: int) -> type["Compressor"]:
@@ -154,9 +197,9 @@ class Payload:
             raise ValueError(f"not a pushpull payload (magic {magic!r}, expected {MAGIC!r})")
         if version != VERSION:
             raise ValueError(f"payload version {version} not supported (expected {VERSION})")
-        if dcode >= len(_DTYPES):
+        dtype = _DTYPES.get(dcode)
+        if dtype is None:
             raise ValueError(f"payload has unknown dtype code {dcode}")
-        dtype = _DTYPES[dcode]
         shape = struct.unpack_from(f"<{ndim}q", arr, HEADER.size)
         if math.prod(shape) != numel:
             raise ValueError(f"payload shape {shape} does not match numel {numel}")
@@ -250,6 +293,13 @@ def check_k(k, who: str) -> float:
     return float(k)
 
 
+def require_k(spec: dict, name: str) -> None:
+    """A spec's ``k`` for a sparsifier: required, and a count or a fraction."""
+    if spec["k"] is None:
+        raise ValueError(f"compression spec: {name} needs k (a count >= 1 or a fraction in (0, 1))")
+    check_k(spec["k"], f"compression spec: {name}")
+
+
 def make_rng(seed: int | None) -> np.random.Generator:
     """PCG64: seeded and reproducible, and several times faster than torch's
     CPU Mersenne Twister for bulk draws. ``None`` seeds from the OS."""
@@ -319,8 +369,28 @@ class Compressor:
     feedback keep state that belongs to exactly one gradient.
     """
 
-    codec: ClassVar[int] = -1
-    name: ClassVar[str] = "abstract"
+    codec: ClassVar[int] = -1               # wire id (one byte in the payload header)
+    name: ClassVar[str] = "abstract"        # the spec's "compressor"
+    options: ClassVar[dict[str, Option]] = {}  # the spec keys it reads -> default and check
+
+    # -- what the registry asks of a codec (class level) ------------------
+    @classmethod
+    def normalize(cls, spec: dict) -> None:
+        """Complete and validate ``spec`` (a dict with every key) when this codec is the chosen one."""
+
+    @classmethod
+    def from_spec(cls, spec: dict, seed_offset: int = 0) -> "Compressor":
+        """The worker's codec for one partition: its options from the spec, a seed offset by the key."""
+        kwargs = {key: spec[key] for key in cls.options}
+        if kwargs.get("seed") is not None:
+            kwargs["seed"] = kwargs["seed"] + seed_offset
+        return cls(**kwargs)
+
+    @classmethod
+    def server_chain(cls, spec: dict, seed_offset: int, wrap: Callable[["Compressor"], "Compressor"]) -> "Compressor":
+        """What the server re-compresses each sum with: by default the same codec under the server-side
+        wrappers (``wrap``: error feedback)."""
+        return wrap(cls.from_spec(spec, seed_offset))
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         raise NotImplementedError

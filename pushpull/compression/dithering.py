@@ -7,11 +7,19 @@ import math
 import numpy as np
 import torch
 
-from .base import CHUNK, Compressor, Payload, decode_into, flat_input, lut_decode, make_rng, output_for, register_codec
+from .base import CHUNK, SEED, Compressor, Option, Payload, decode_into, flat_input, lut_decode, make_rng, output_for, register_codec
 
 PARTITIONS = ("linear", "natural")
 NORMALIZATIONS = ("max", "l2")
 MAX_LEVELS = 127  # codes 0..2s must fit a byte
+DEFAULT_LEVELS = 2
+
+
+def _choice(key: str, valid: tuple):
+    def check(v) -> None:
+        if v not in valid:
+            raise ValueError(f"compression spec: {key}={v!r} is not valid; choose from {list(valid)}")
+    return check
 
 _FLAG_NATURAL = 1
 _FLAG_L2 = 2
@@ -64,6 +72,21 @@ class Dithering(Compressor):
 
     codec = 5
     name = "dithering"
+    options = {"k": Option(None, None, f"levels s, a whole number in [1, {MAX_LEVELS}]; default {DEFAULT_LEVELS}"),
+               "partition": Option("linear", _choice("partition", PARTITIONS), "linear | natural levels"),
+               "normalize": Option("max", _choice("normalize", NORMALIZATIONS), "scale: max | l2"),
+               "seed": SEED}
+
+    @classmethod
+    def normalize(cls, spec: dict) -> None:
+        k = spec["k"]
+        if k is None:
+            spec["k"] = k = DEFAULT_LEVELS
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k != int(k) \
+                or not 1 <= k <= MAX_LEVELS:
+            raise ValueError("compression spec: dithering k (levels s) must be a whole number "
+                             f"in [1, {MAX_LEVELS}], got {k!r}")
+        spec["k"] = int(k)
 
     def __init__(self, k: int = 2, partition: str = "linear", normalize: str = "max", seed: int | None = None):
         if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k) or not 1 <= k <= MAX_LEVELS:

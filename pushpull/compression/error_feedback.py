@@ -7,9 +7,10 @@ from typing import Callable
 import torch
 
 from .base import Compressor, Payload
+from .wrapper import Wrapper
 
 
-class ErrorFeedback(Compressor):
+class ErrorFeedback(Wrapper):
     """p = g + (lr_prev / lr) * e;  c = C(p);  e = p - D(c).
 
     The residual e is kept in gradient units, so when the learning rate
@@ -19,26 +20,27 @@ class ErrorFeedback(Compressor):
     one the ratio is 1.
     """
 
+    key, value, order, on_server = "ef", "vanilla", 10, True
+
     def __init__(self, compressor: Compressor, lr_getter: Callable[[], float] | None = None):
-        self.inner = compressor
+        super().__init__(compressor)
         self.lr_getter = lr_getter
         self._error: torch.Tensor | None = None
         self._decoded: torch.Tensor | None = None
         self._lr_prev: float | None = None
 
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.inner.name
+    @classmethod
+    def wrap(cls, inner, spec, lr_getter):
+        return cls(inner, lr_getter=lr_getter)
 
     @property
     def error(self) -> torch.Tensor | None:
         """The current residual (None before the first compress)."""
         return self._error
 
-    def reset(self) -> None:
+    def forget(self) -> None:
         self._error = self._decoded = None
         self._lr_prev = None
-        self.inner.reset()
 
     def _lr_ratio(self) -> float:
         if self.lr_getter is None:
@@ -62,9 +64,3 @@ class ErrorFeedback(Compressor):
         self.inner.decompress(payload, out=self._decoded)
         error.sub_(self._decoded)
         return payload
-
-    def decompress(self, payload, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self.inner.decompress(payload, out)
-
-    def __repr__(self) -> str:
-        return f"ErrorFeedback({self.inner!r})"

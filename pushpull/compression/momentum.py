@@ -4,36 +4,45 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressor, Payload
+from .base import Compressor, Option, Payload
+from .wrapper import Wrapper
 
 
-class NesterovMomentum(Compressor):
+def _check_mu(mu) -> None:
+    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0.0 <= mu < 1.0:
+        raise ValueError(f"compression spec: mu must be a number in [0, 1), got {mu!r}")
+
+
+class NesterovMomentum(Wrapper):
     """m = mu * m + g;  g' = g + mu * m;  then compress g'.
 
     Momentum is folded in on the worker, before compression, so the
-    optimizer itself should run without momentum.
+    optimizer itself should run without momentum. For that reason it applies to every floating tensor,
+    also those too small to be compressed (they go through the identity codec): ``every_tensor``.
     """
+
+    key, value, order, on_server, every_tensor = "momentum", "nesterov", 20, False, True
+    options = {"mu": Option(0.9, _check_mu, "Nesterov momentum coefficient, in [0, 1)")}
 
     def __init__(self, compressor: Compressor, mu: float = 0.9):
         mu = float(mu)
         if not 0.0 <= mu < 1.0:
             raise ValueError(f"nesterov momentum: mu must be in [0, 1), got {mu!r}")
-        self.inner = compressor
+        super().__init__(compressor)
         self.mu = mu
         self._momentum: torch.Tensor | None = None
         self._lookahead: torch.Tensor | None = None
 
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.inner.name
+    @classmethod
+    def wrap(cls, inner, spec, lr_getter):
+        return cls(inner, mu=spec["mu"])
 
     @property
     def momentum(self) -> torch.Tensor | None:
         return self._momentum
 
-    def reset(self) -> None:
+    def forget(self) -> None:
         self._momentum = self._lookahead = None
-        self.inner.reset()
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         grad = tensor.detach().cpu()
@@ -45,9 +54,6 @@ class NesterovMomentum(Compressor):
         # Reused buffer: every codec copies its input into a fresh payload.
         torch.add(grad, m, alpha=self.mu, out=self._lookahead)
         return self.inner.compress(self._lookahead)
-
-    def decompress(self, payload, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self.inner.decompress(payload, out)
 
     def __repr__(self) -> str:
         return f"NesterovMomentum({self.inner!r}, mu={self.mu})"

@@ -5,12 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import CHUNK, Compressor, Payload, decode_into, flat_input, lut_decode, output_for, register_codec
+from .base import CHUNK, Compressor, Option, Payload, decode_into, flat_input, lut_decode, output_for, register_codec
 
 _FLAG_SCALING = 1
 
 # Row b holds the eight sign flags of byte b, least significant bit first.
 _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(bool)
+
+
+def _check_scaling(v) -> None:
+    if not isinstance(v, bool):
+        raise ValueError(f"compression spec: scaling must be true or false, got {v!r}")
 
 
 @register_codec
@@ -23,6 +28,7 @@ class OneBit(Compressor):
 
     codec = 2
     name = "onebit"
+    options = {"scaling": Option(True, _check_scaling, "scale = mean(|x|) (true) or 1 (false)")}
 
     def __init__(self, scaling: bool = True):
         self.scaling = bool(scaling)

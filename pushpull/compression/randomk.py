@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Compressor, Payload, check_k, flat_input, make_rng, register_codec, resolve_k
+from .base import SEED, Compressor, Option, Payload, check_k, flat_input, make_rng, register_codec, require_k, resolve_k
 from .sparse import scatter_decode, sparse_layout
 
 # Header flag bit 0: the values were multiplied by n/k (informational; decode is the same).
 SCALED = 1
+# BytePS seeds random-k with 2020 when no seed is given: the same on every worker.
+DEFAULT_SEED = 2020
 
 
 @register_codec
@@ -31,6 +33,26 @@ class RandomK(Compressor):
 
     codec = 4
     name = "randomk"
+    options = {"k": Option(None, None, "elements drawn: a count >= 1 or a fraction in (0, 1); required"),
+               "seed": SEED}
+
+    @classmethod
+    def normalize(cls, spec: dict) -> None:
+        require_k(spec, cls.name)
+
+    @classmethod
+    def from_spec(cls, spec: dict, seed_offset: int = 0) -> "RandomK":
+        # BytePS: all workers share one default seed (so they pick the same indices and the server's sum
+        # stays k-sparse), and the n/k scaling is on only without error feedback.
+        seed = DEFAULT_SEED if spec["seed"] is None else spec["seed"]
+        return cls(spec["k"], seed=seed + seed_offset, scale=spec["ef"] == "none")
+
+    @classmethod
+    def server_chain(cls, spec, seed_offset, wrap):
+        # BytePS' server neither re-samples nor re-scales random-k: it sums the pushes on their shared
+        # support and sends that back. Re-sampling would drop most of the sum (and, scaled, multiply it by
+        # n/k a second time). Nothing is dropped, so no error feedback either.
+        return RandomKSum()
 
     def __init__(self, k: float, seed: int | None = None, scale: bool = True):
         self.k = check_k(k, "randomk")

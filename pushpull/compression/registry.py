@@ -5,64 +5,70 @@ A spec names the codec and its options in the flat style BytePS users know::
     {"compressor": "onebit", "scaling": True, "ef": "vanilla",
      "momentum": "nesterov", "mu": 0.9}
 
-Options that do not apply to the chosen codec are ignored, so one spec can
-carry settings for several; unknown keys and bad values raise ValueError.
+Nothing here knows a particular codec: each codec file declares its name, wire id and options
+(:class:`~pushpull.compression.base.Option`: default and check) and registers itself
+(``@register_codec``, one registry by wire id, also searched by name); error feedback and momentum are
+:class:`~pushpull.compression.wrapper.Wrapper` s that declare the spec key that switches them on.
+Options that do not apply to the chosen codec are ignored, so one spec can carry settings for several;
+unknown keys and bad values raise ValueError.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable
 
-from .base import Compressor, check_k
-from .dithering import MAX_LEVELS, NORMALIZATIONS, PARTITIONS, Dithering
+from .base import Compressor, codec_by_name, codecs
 from .error_feedback import ErrorFeedback
-from .fp16 import FP16
 from .momentum import NesterovMomentum
-from .none import NoCompression
-from .onebit import OneBit
-from .randomk import RandomK, RandomKSum
-from .topk import TopK
+from .wrapper import Wrapper
 
-COMPRESSORS: dict[str, type[Compressor]] = {
-    "none": NoCompression,
-    "fp16": FP16,
-    "onebit": OneBit,
-    "topk": TopK,
-    "randomk": RandomK,
-    "dithering": Dithering,
-}
-ERROR_FEEDBACKS = ("none", "vanilla")
-MOMENTUMS = ("none", "nesterov")
+# the stateful stages, innermost first (worker chain: momentum -> error feedback -> codec)
+WRAPPERS: tuple[type[Wrapper], ...] = tuple(sorted((ErrorFeedback, NesterovMomentum), key=lambda w: w.order))
+ERROR_FEEDBACKS = ("none", ErrorFeedback.value)
+MOMENTUMS = ("none", NesterovMomentum.value)
+# Read by the caller (tensors smaller than this are sent uncompressed), accepted in a spec so a whole
+# training config can be passed through; the engine's default is PUSHPULL_MIN_COMPRESS_BYTES.
+MIN_COMPRESS_BYTES = 65536
 
-# key -> default; every key a spec may carry.
-SPEC_DEFAULTS: dict[str, Any] = {
-    "compressor": "none",
-    "scaling": True,
-    "k": None,
-    "seed": None,
-    "partition": "linear",
-    "normalize": "max",
-    "ef": "none",
-    "momentum": "none",
-    "mu": 0.9,
-    # Read by the caller (tensors smaller than this are sent uncompressed),
-    # accepted here so a whole training config can be passed through.
-    "min_compress_bytes": 65536,
-}
-# Codec options each compressor reads (others in the spec are ignored).
-_OPTIONS = {
-    "none": (),
-    "fp16": (),
-    "onebit": ("scaling",),
-    "topk": ("k",),
-    "randomk": ("k", "seed"),
-    "dithering": ("k", "partition", "normalize", "seed"),
-}
-_DITHERING_DEFAULT_LEVELS = 2
-# BytePS seeds random-k with 2020 when no seed is given: the same on every worker.
-RANDOMK_DEFAULT_SEED = 2020
+
+class _Codecs(Mapping):
+    """name -> codec class, a live view of the one registry (a codec registered later shows up)."""
+
+    def __getitem__(self, name: str) -> type[Compressor]:
+        cls = codec_by_name(name)
+        if cls is None:
+            raise KeyError(name)
+        return cls
+
+    def __iter__(self):
+        return iter([c.name for c in codecs()])
+
+    def __len__(self) -> int:
+        return len(codecs())
+
+
+COMPRESSORS: Mapping[str, type[Compressor]] = _Codecs()
+
+
+def spec_defaults() -> dict[str, Any]:
+    """Every key a spec may carry -> its default."""
+    out: dict[str, Any] = {"compressor": "none"}
+    for c in codecs():
+        out.update({k: o.default for k, o in c.options.items()})
+    for w in WRAPPERS:
+        out[w.key] = "none"
+        out.update({k: o.default for k, o in w.options.items()})
+    out["min_compress_bytes"] = MIN_COMPRESS_BYTES
+    return out
+
+
+def _checks() -> dict[str, Callable[[Any], None]]:
+    out = {}
+    for owner in (*codecs(), *WRAPPERS):
+        out.update({k: o.check for k, o in owner.options.items() if o.check is not None})
+    return out
 
 
 def _choice(spec: Mapping, key: str, valid) -> str:
@@ -82,63 +88,29 @@ def normalize_spec(spec: Mapping | str | None) -> dict:
         spec = {"compressor": spec}
     elif not isinstance(spec, Mapping):
         raise ValueError(f"compression spec must be a dict, a name or None, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(SPEC_DEFAULTS))
+    defaults = spec_defaults()
+    unknown = sorted(set(spec) - set(defaults))
     if unknown:
-        raise ValueError(f"compression spec: unknown key(s) {unknown}; valid keys: {sorted(SPEC_DEFAULTS)}")
-    out = dict(SPEC_DEFAULTS)
+        raise ValueError(f"compression spec: unknown key(s) {unknown}; valid keys: {sorted(defaults)}")
+    out = dict(defaults)
     out.update(spec)
     out["compressor"] = _choice(out, "compressor", COMPRESSORS)
-    out["ef"] = _choice(out, "ef", ERROR_FEEDBACKS)
-    out["momentum"] = _choice(out, "momentum", MOMENTUMS)
-    name = out["compressor"]
-
-    if not isinstance(out["scaling"], bool):
-        raise ValueError(f"compression spec: scaling must be true or false, got {out['scaling']!r}")
-    seed = out["seed"]
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"compression spec: seed must be a non-negative integer or null, got {seed!r}")
-    mu = out["mu"]
-    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0.0 <= mu < 1.0:
-        raise ValueError(f"compression spec: mu must be a number in [0, 1), got {mu!r}")
+    for w in WRAPPERS:
+        out[w.key] = _choice(out, w.key, ("none", w.value))
+    for key, check in _checks().items():
+        check(out[key])
     mcb = out["min_compress_bytes"]
     if isinstance(mcb, bool) or not isinstance(mcb, int) or mcb < 0:
         raise ValueError(f"compression spec: min_compress_bytes must be a non-negative integer, got {mcb!r}")
-    for key, valid in (("partition", PARTITIONS), ("normalize", NORMALIZATIONS)):
-        if out[key] not in valid:
-            raise ValueError(f"compression spec: {key}={out[key]!r} is not valid; choose from {list(valid)}")
-
-    k = out["k"]
-    if name in ("topk", "randomk"):
-        if k is None:
-            raise ValueError(f"compression spec: {name} needs k (a count >= 1 or a fraction in (0, 1))")
-        check_k(k, f"compression spec: {name}")
-    elif name == "dithering":
-        if k is None:
-            out["k"] = k = _DITHERING_DEFAULT_LEVELS
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k != int(k) \
-                or not 1 <= k <= MAX_LEVELS:
-            raise ValueError("compression spec: dithering k (levels s) must be a whole number "
-                             f"in [1, {MAX_LEVELS}], got {k!r}")
-        out["k"] = int(k)
+    COMPRESSORS[out["compressor"]].normalize(out)
     return out
 
 
-def _codec(spec: dict, seed_offset: int) -> Compressor:
-    name = spec["compressor"]
-    kwargs = {key: spec[key] for key in _OPTIONS[name]}
-    if name == "randomk":
-        # BytePS: all workers share one default seed (so they pick the same indices and the
-        # server's sum stays k-sparse), and the n/k scaling is on only without error feedback.
-        if kwargs["seed"] is None:
-            kwargs["seed"] = RANDOMK_DEFAULT_SEED
-        kwargs["scale"] = spec["ef"] == "none"
-    if "seed" in kwargs and kwargs["seed"] is not None:
-        kwargs["seed"] = kwargs["seed"] + seed_offset
-    return COMPRESSORS[name](**kwargs)
-
-
-def _with_error_feedback(spec: dict, codec: Compressor, lr_getter) -> Compressor:
-    return ErrorFeedback(codec, lr_getter=lr_getter) if spec["ef"] == "vanilla" else codec
+def _wrap(spec: dict, chain: Compressor, lr_getter, server: bool) -> Compressor:
+    for w in WRAPPERS:
+        if spec[w.key] == w.value and (w.on_server or not server):
+            chain = w.wrap(chain, spec, lr_getter)
+    return chain
 
 
 def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
@@ -150,29 +122,48 @@ def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] |
     given the same spec and offset, draws the same ones.
     """
     spec = normalize_spec(spec)
-    chain = _with_error_feedback(spec, _codec(spec, seed_offset), lr_getter)
-    if spec["momentum"] == "nesterov":
-        chain = NesterovMomentum(chain, mu=spec["mu"])
-    return chain
+    return _wrap(spec, COMPRESSORS[spec["compressor"]].from_spec(spec, seed_offset), lr_getter, server=False)
 
 
 def build_server(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
                  seed_offset: int = 0) -> Compressor:
     """The server chain: it re-compresses each sum with its own error feedback
-    and never applies momentum (that already happened on the workers);
-    random-k sums are sent on their own support (:class:`RandomKSum`).
+    and never applies momentum (that already happened on the workers); a codec may
+    choose otherwise (random-k sums are sent on their own support: :class:`RandomKSum`).
 
     ``lr_getter``: the workers' current learning rate (the server codec takes it
     from each compressed push's header), so the server's error feedback
     rescales by the same ratio as the workers'.
     """
     spec = normalize_spec(spec)
-    if spec["compressor"] == "randomk":
-        # BytePS' server neither re-samples nor re-scales random-k: it sums the pushes on their
-        # shared support and sends that back. Re-sampling would drop most of the sum (and, scaled,
-        # multiply it by n/k a second time). Nothing is dropped, so no error feedback either.
-        return RandomKSum()
-    return _with_error_feedback(spec, _codec(spec, seed_offset), lr_getter)
+    return COMPRESSORS[spec["compressor"]].server_chain(
+        spec, seed_offset, lambda codec: _wrap(spec, codec, lr_getter, server=True))
+
+
+def for_tensor(spec: Mapping | str | None, nbytes: int, floating: bool, default_min_bytes: int) -> dict | None:
+    """The compression one tensor of ``nbytes`` gets, or None (sent raw).
+
+    Only floating tensors of at least ``min_compress_bytes`` are compressed (the spec's value when it
+    gives one, else ``default_min_bytes``: PUSHPULL_MIN_COMPRESS_BYTES); below it the per-message cost
+    outweighs the bytes saved. A wrapper that must see every tensor (momentum: it replaces the
+    optimizer's) still applies to a smaller one, over the identity codec and without the others.
+    Raises ValueError for a bad spec.
+    """
+    if not spec:
+        return None
+    explicit_min = isinstance(spec, Mapping) and "min_compress_bytes" in spec
+    spec = normalize_spec(spec)
+    min_bytes = spec["min_compress_bytes"] if explicit_min else default_min_bytes
+    if spec["compressor"] == "none" and all(spec[w.key] == "none" for w in WRAPPERS):
+        return None
+    if not floating:
+        return None
+    if nbytes >= min_bytes:
+        return spec
+    every = [w for w in WRAPPERS if w.every_tensor and spec[w.key] == w.value]
+    if every and nbytes > 0:
+        return dict(spec, compressor="none", **{w.key: "none" for w in WRAPPERS if w not in every})
+    return None
 
 
 def spec_to_json(spec: Mapping | str | None) -> str:

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import torch
 
-from .base import CHUNK, Compressor, Payload, check_k, flat_input, register_codec, resolve_k
+from .base import CHUNK, Compressor, Option, Payload, check_k, flat_input, register_codec, require_k, resolve_k
 from .sparse import scatter_decode, sparse_layout
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,11 @@ class TopK(Compressor):
 
     codec = 3
     name = "topk"
+    options = {"k": Option(None, None, "elements kept: a count >= 1 or a fraction in (0, 1); required")}
+
+    @classmethod
+    def normalize(cls, spec: dict) -> None:
+        require_k(spec, cls.name)
 
     def __init__(self, k: float):
         self.k = check_k(k, "topk")

@@ -155,6 +155,18 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+ALLOWED_CC = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+
+
+def congestion_selectable(name: str) -> bool:
+    """Whether a network namespace may select congestion control ``name`` (the root namespace's allowed
+    list; a fresh machine often allows only its default and reno)."""
+    try:
+        return name in Path(ALLOWED_CC).read_text().split()
+    except OSError:
+        return True  # no such file: nothing restricts it
+
+
 def list_namespaces() -> list[str]:
     """Namespaces that this module may have created (names starting with 'ppx')."""
     if shutil.which("ip") is None:
@@ -261,6 +273,8 @@ class EmulatedCluster:
         # a new namespace inherits the creating machine's TCP congestion control (this VM's is bbr, a
         # cloud tuning); emulated hosts run Linux's default, cubic, unless told otherwise (None = inherit)
         self.congestion = congestion
+        self._warned_congestion = False
+        self.congestion_in_force: str | None = None  # read back from a host once the cluster is up
         self.backend: str | None = None  # the one in use, once started
         seq = next(_seq)
         self.prefix = prefix or f"{NAME_ROOT}{os.getpid():x}{chr(ord('a') + seq % 26)}-"
@@ -364,15 +378,29 @@ class EmulatedCluster:
                 self._set_congestion(h)
             self._shape(h, IFACE, host_side=True)
             self._shape(sw, port, host_side=False)
+        cc = _run(["ip", "netns", "exec", self.ns(0), "cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
+        self.congestion_in_force = cc.stdout.strip() or None
         if self.backend == "nfqueue":
             self._start_nfqueue()
 
     def _set_congestion(self, ns: str) -> None:
-        """Per-namespace TCP congestion control (net.ipv4.tcp_congestion_control is per netns)."""
+        """Per-namespace TCP congestion control (net.ipv4.tcp_congestion_control is per netns). A namespace
+        may only pick one the machine allows (net.ipv4.tcp_allowed_congestion_control, set in the root
+        namespace only): otherwise the hosts keep the machine's, with a warning saying how to allow it,
+        and ``congestion_in_force`` (what result rows record) says so."""
         avail = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
         if avail.exists() and self.congestion not in avail.read_text().split():
             log.warning("congestion control %r is not available in this kernel (available: %s); the emulated "
                         "hosts keep the machine's", self.congestion, avail.read_text().strip())
+            return
+        if not congestion_selectable(self.congestion):
+            if not self._warned_congestion:
+                self._warned_congestion = True
+                allowed = Path(ALLOWED_CC).read_text().strip()
+                log.warning("congestion control %r is not in net.ipv4.tcp_allowed_congestion_control (%s), so a "
+                            "network namespace cannot select it; the emulated hosts keep the machine's. To "
+                            "allow it: sysctl -w net.ipv4.tcp_allowed_congestion_control=\"%s %s\"",
+                            self.congestion, allowed, allowed, self.congestion)
             return
         if not re.fullmatch(r"[a-z0-9_]+", self.congestion):
             raise EmulationError(f"not a congestion control name: {self.congestion!r}")

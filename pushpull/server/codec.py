@@ -8,17 +8,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pushpull import dtypes
 from pushpull.compression import build_server, decode_payload
 
-_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64}
 
 
 class ServerCodec:
     def __init__(self, spec: dict, dtype: str, numel: int, key: int = 0):
-        if dtype not in _TORCH:
+        if dtype not in dtypes.FLOAT_NAMES:
             raise ValueError(f"compression needs a floating-point tensor, got {dtype}")
-        self.dtype = _TORCH[dtype]
+        self.dtype = dtypes.to_torch(dtype)
         self.numel = numel
         self.lr = 1.0  # set from each compressed push's header: the learning rate the workers train with
         self.chain = build_server(spec, seed_offset=key, lr_getter=lambda: self.lr)

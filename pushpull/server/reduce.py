@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-WIRE_NP = {
-    "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
-    "float16": np.float16, "bfloat16": np.uint16, "float32": np.float32, "float64": np.float64,
-}
-ACC_NP = dict(WIRE_NP, float16=np.float32, bfloat16=np.float32)
+from pushpull import dtypes
+
+# what a push's bytes are viewed as, and what a round is accumulated in (pushpull.dtypes)
+WIRE_NP = {d.name: d.np_wire for d in dtypes.DTYPES if d.header is not None}
+ACC_NP = {d.name: d.np_acc for d in dtypes.DTYPES if d.header is not None}
 
 
 def wire_view(buf, dtype: str) -> np.ndarray:

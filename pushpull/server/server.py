@@ -23,6 +23,7 @@ from pushpull.cluster.member import ClusterError, Member
 from pushpull.config import Config
 from pushpull.server.keystate import Disagreement, KeyState, RoundError
 from pushpull.server.reduce import wire_view
+from pushpull.server.sparse import SparseStore
 from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, dtype_name, encode_json,
 )
@@ -36,6 +37,8 @@ SOCK = "workers"
 # keys up to this size are summed on the I/O thread even with engine threads: queueing a push for
 # another thread and waking it costs more than adding a few thousand numbers
 INLINE_KEY_BYTES = 65536
+_SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
+_FROM_WORKERS = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.STATUS, *_SPARSE)
 
 
 class Server:
@@ -63,6 +66,8 @@ class Server:
         self._handoffs: dict[int, list] = {}  # engine -> requests of this pass (I/O thread only)
         self.threads = [threading.Thread(target=self._engine, args=(q,), name=f"engine-{i}", daemon=True)
                         for i, q in enumerate(self.engines)]
+        # sparse tables (embedding rows by range, optimizer on the server): a module of their own
+        self.sparse = SparseStore(cfg, self._reply, self._error, lambda: len(self.keys) + len(self.pending_inits))
         self.van.call_later(1.0, self._check_inits, every=1.0)
         self.trace = None  # a ServerTrace once registered, with PUSHPULL_TRACE_ON=1
 
@@ -99,11 +104,13 @@ class Server:
         fail theirs and start again from round 1), expect the new number of pushes, map connections to their
         new ranks. JOINED: a worker ran out of data (join()): rounds complete without it from now on."""
         if msg.header.type == MsgType.JOINED:
+            self.sparse.fail_all(f"rank {int(msg.header.key)} joined (join())")
             self._joined(int(msg.header.key))
             return
         if msg.header.type != MsgType.RESET:
             return
         d = decode_json(msg.body())
+        self.sparse.fail_all("the workers changed (elastic training)")
         self.joined.clear()
         self.gen = int(d["gen"])
         self.num_workers = int(d["num_workers"])
@@ -141,6 +148,7 @@ class Server:
         """Runs on the I/O thread: a worker's INIT can arrive as soon as the workers have
         the book, and must never be counted against an unknown number of workers."""
         self.num_workers = int(book["num_workers"])
+        self.sparse.num_workers = self.num_workers
         self.node_id = int(book["node_id"])
         if self.cfg.trace_on:
             from pushpull.server.trace import ServerTrace
@@ -159,7 +167,7 @@ class Server:
             self._early.append((identity, msg))
             return
         try:
-            if h.type in (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.STATUS):
+            if h.type in _FROM_WORKERS:
                 if h.gen != self.gen:  # sent before the workers changed: its round no longer exists
                     return
                 rank = nodes.rank_of_identity(identity)
@@ -176,6 +184,8 @@ class Server:
                 self._status(identity, h)
             elif h.type == MsgType.INIT:
                 self._init(identity, msg)
+            elif h.type in _SPARSE:
+                self.sparse.handle(identity, msg)
             elif h.type in (MsgType.PUSH, MsgType.PULL):
                 if self.trace is not None:
                     msg.t_arrival = time.perf_counter()
@@ -292,6 +302,9 @@ class Server:
         """Which ranks key ``h.key`` has heard from, for round ``h.round`` (or its INIT if still pending), so
         that a worker whose wait timed out can name the ranks it waits for (read on the I/O thread: a glance,
         not a lock-step view of an engine thread's sum)."""
+        if self.sparse.owns(h.key):
+            self.sparse.status(identity, h)
+            return
         pend = self.pending_inits.get(h.key)
         ks = self.keys.get(h.key)
         everyone = set(range(self.num_workers))
@@ -310,6 +323,7 @@ class Server:
                     [encode_json({"stage": stage, "have": sorted(have), "missing": sorted(everyone - have)})])
 
     def _check_inits(self) -> None:
+        self.sparse.check_inits(self.cfg.timeout)
         now = time.monotonic()
         for key, pend in list(self.pending_inits.items()):
             if now - pend["since"] > self.cfg.timeout:

@@ -34,24 +34,8 @@ def parse_duration(value, arg: str = "latency") -> float:
     return units.duration_s(value, arg)
 
 
-def format_bandwidth(bps: float) -> str:
-    """bytes/s -> ``10gbit`` style (the inverse of :func:`parse_bandwidth` for round numbers)."""
-    if math.isinf(bps):
-        return "inf"
-    bits = bps * 8
-    for unit, f in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bits >= f:
-            return f"{bits / f:g}{unit}"
-    return f"{bits:g}bit"
-
-
-def format_bytes(n: float) -> str:
-    if n is None or math.isinf(n):
-        return "inf"
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= f:
-            return f"{n / f:.4g}{unit}"
-    return f"{n:g}B"
+format_bandwidth = units.format_rate
+format_bytes = units.format_size
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pushpull.torch.ops import (  # noqa: F401
 from pushpull.torch.compression import Compression, Compressor  # noqa: F401
 from pushpull.torch.optimizer import DistributedOptimizer  # noqa: F401
 from pushpull.torch.asynchronous import AsyncOptimizer  # noqa: F401
+from pushpull.torch.sparse import SparseEmbedding  # noqa: F401
 from pushpull.torch.functions import BroadcastError  # noqa: F401
 from pushpull.torch.collectives import (  # noqa: F401
     Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum, add_process_set, ccl_built, cuda_built,
@@ -23,6 +24,7 @@ from pushpull.torch.ddp import (  # noqa: F401
 from pushpull.worker.handle import PushPullError, WorkersChanged  # noqa: F401
 from pushpull.torch import elastic  # noqa: F401
 from pushpull.torch.ops import trace_step  # noqa: F401
+from pushpull.torch.futures import get_future  # noqa: F401
 from pushpull.torch.scheduled import ScheduledOptimizer  # noqa: F401
 from pushpull.torch.autotune import AutoTuner  # noqa: F401
 

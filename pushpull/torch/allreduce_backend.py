@@ -55,6 +55,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from pushpull import dtypes
 from pushpull.worker.credit_queue import CreditQueue
 from pushpull.worker.handle import Handle, PushPullError
 
@@ -63,8 +64,8 @@ log = logging.getLogger(__name__)
 SLOTS = 128          # partitions per control message (a longer batch takes several messages)
 FIELDS = 4           # id, offset, numel, total numel
 STOP = -1
-_DTYPE_CODE = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4, torch.int32: 5,
-               torch.int64: 6, torch.uint8: 7, torch.int8: 8, torch.int16: 9}
+# the dtypes it reduces (those a push_pull carries) and the id ranks compare at first use (pushpull.dtypes)
+_DTYPE_CODE = {t: d.header for t, d in dtypes.torch_table().items() if d.header is not None}
 
 
 def tensor_id(name: str) -> int:

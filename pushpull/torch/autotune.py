@@ -141,13 +141,12 @@ def apply_setting(partition_bytes: int, credit_bytes: int, base_partition_bytes:
     names. The credit applies at once, on the I/O thread."""
     from pushpull.torch import ops
 
-    st = ops._state
-    eng = st.engine
-    if eng is None or st.cfg is None:
+    eng = ops.engine() if ops.is_initialized() else None
+    if eng is None:
         return
-    base = st.cfg.partition_bytes if base_partition_bytes is None else base_partition_bytes
+    base = ops.config().partition_bytes if base_partition_bytes is None else base_partition_bytes
     eng.set_scheduling(partition_bytes=int(partition_bytes), credit_bytes=int(credit_bytes))
-    st.name_suffix = "" if partition_bytes == base else f"@p{int(partition_bytes)}"
+    ops.set_name_suffix("" if partition_bytes == base else f"@p{int(partition_bytes)}")
 
 
 def _broadcast_from_root(vec: list[int]) -> list[int]:
@@ -239,8 +238,12 @@ class AutoTuner:
                    "model_elements": model_elements, "window": self.window, "warmup": self.warmup})
         self._set(0, baseline, 0)
         if optimizer is not None:
-            hooks = optimizer.__dict__.setdefault("_after_step_hooks", [])
-            hooks.append(self.step)
+            register = getattr(optimizer, "register_step_callback", None)
+            if register is None:
+                raise TypeError(f"AutoTuner(optimizer): a {type(optimizer).__name__} has no register_step_callback; "
+                                f"pass a pushpull DistributedOptimizer or ScheduledOptimizer, or build the tuner "
+                                f"without one and call tuner.step() after every training step")
+            register(self.step)
 
     # ------------------------------------------------------------ per step --
     def step(self) -> None:

@@ -17,8 +17,6 @@ import contextlib
 import itertools
 import os
 import socket
-import threading
-import time
 from datetime import timedelta
 
 import torch
@@ -26,7 +24,7 @@ import torch
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
 from pushpull.torch.functions import _broadcast_many, broadcast_object, broadcast_parameters
-from pushpull.worker.handle import PushPullError
+from pushpull.torch.futures import get_future
 
 __all__ = ["DistributedDataParallel", "CommHookState", "ddp_comm_hook", "init_process_group_for_ddp"]
 
@@ -141,77 +139,6 @@ class CommHookState:
         self.timeout = timeout
 
 
-class _Watchdog:
-    """Fails futures whose push_pull has not finished in time: DDP itself waits forever."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: dict[int, tuple[float, "_Pending"]] = {}
-        self._thread: threading.Thread | None = None
-
-    def add(self, pending: "_Pending", deadline: float) -> None:
-        with self._lock:
-            self._pending[id(pending)] = (deadline, pending)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="pushpull-ddp-watchdog", daemon=True)
-                self._thread.start()
-
-    def remove(self, pending: "_Pending") -> None:
-        with self._lock:
-            self._pending.pop(id(pending), None)
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(0.5)
-            now = time.monotonic()
-            with self._lock:
-                late = [p for d, p in self._pending.values() if d <= now]
-                if not self._pending:
-                    self._thread = None
-                    return
-            for p in late:
-                p.expire()
-
-
-_watchdog = _Watchdog()
-
-
-class _Pending:
-    def __init__(self, hid: int, buf: torch.Tensor, fut: torch.futures.Future, name: str, timeout: float):
-        self.hid, self.buf, self.fut, self.name, self.timeout = hid, buf, fut, name, timeout
-        self._lock = threading.Lock()
-        self._settled = False
-
-    def _settle(self) -> bool:
-        with self._lock:
-            if self._settled:
-                return False
-            self._settled = True
-        _watchdog.remove(self)
-        return True
-
-    def on_done(self, _handle=None) -> None:
-        if not self._settle():
-            return
-        try:
-            out = ops.synchronize(self.hid, timeout=1.0)
-        except Exception as e:  # noqa: BLE001
-            self.fut.set_exception(e)
-            return
-        if out.data_ptr() != self.buf.data_ptr():
-            self.buf.copy_(out)
-        self.fut.set_result(self.buf)
-
-    def expire(self) -> None:
-        if not self._settle():
-            return
-        with ops._state.lock:
-            h = ops._state.handles.get(self.hid)
-        what = h._describe() if h is not None and h._describe else "no reply"
-        self.fut.set_exception(PushPullError(
-            f"DDP bucket {self.name!r} was not reduced within {self.timeout:.0f}s: {what}"))
-
-
 def ddp_comm_hook(state, bucket) -> torch.futures.Future:
     """PyTorch DDP communication hook: average ``bucket.buffer()`` over all workers
     through the parameter servers.
@@ -232,18 +159,16 @@ def ddp_comm_hook(state, bucket) -> torch.futures.Future:
                            f"has {ops.size()} workers; build the process group with init_process_group_for_ddp()")
     buf = bucket.buffer()
     name = f"{prefix}.bucket{bucket.index()}.n{buf.numel()}"
-    fut: torch.futures.Future = torch.futures.Future()
     # buckets nearer the input have larger indices and are the most urgent
     hid = ops.submit_key(buf, buf, True, ops.key_name(ops.GRADIENT, name), bucket.index(), compression)
-    pending = _Pending(hid, buf, fut, name, timeout)
-    with ops._state.lock:
-        handle = ops._state.handles.get(hid)
-    if handle is None:  # already synchronized elsewhere: cannot happen, but never hang
-        fut.set_exception(PushPullError(f"DDP bucket {name!r}: handle vanished"))
-        return fut
-    _watchdog.add(pending, time.monotonic() + timeout)
-    handle.add_done_callback(pending.on_done)
-    return fut
+
+    def into_bucket(fut: torch.futures.Future) -> torch.Tensor:
+        out = fut.value()  # raises the operation's error, or the timeout's
+        if out.data_ptr() != buf.data_ptr():
+            buf.copy_(out)
+        return buf
+
+    return get_future(hid, timeout, what=f"DDP bucket {name!r}").then(into_bucket)
 
 
 # torch's DDP checks the annotation object itself (not the string this module's

@@ -19,6 +19,7 @@ from typing import Iterable
 
 import torch
 
+from pushpull import dtypes
 from pushpull.torch import ops
 from pushpull.transport.protocol import round_sig
 from pushpull.worker.engine import KeySpec
@@ -329,9 +330,6 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pic
 
 # ------------------------------------------------------------------ optimizer --
 
-_DTYPES = {str(d): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
-                                torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-                                torch.complex64, torch.complex128)}
 
 
 def _layout(sd: dict) -> dict:
@@ -400,7 +398,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             if "__value__" in meta:
                 entry[key] = meta["__value__"]
                 continue
-            dtype, shape = _DTYPES[meta["__tensor__"][0]], meta["__tensor__"][1]
+            dtype, shape = dtypes.to_torch(meta["__tensor__"][0]), meta["__tensor__"][1]
             if is_root:
                 t = sd["state"][idx][key]
             else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from pushpull.torch import ops
-from pushpull.torch.collectives import Average, Sum, _grad_name, _op, _scale, _scale_into, _spec, allreduce, \
+from pushpull.torch.collectives import _SERVER_OP, Average, Sum, _grad_name, _op, _scale, _scale_into, _spec, allreduce, \
     global_process_set
 from pushpull.torch.functions import BroadcastError, _check_global, _decode, _distributed, _encode
 from pushpull.transport.protocol import SIG_DTYPES, round_sig

@@ -12,6 +12,7 @@ import itertools
 import logging
 import sys
 import threading
+from typing import Callable
 
 import torch
 
@@ -174,6 +175,12 @@ def config() -> Config:
 def engine() -> Engine | None:
     """The communication engine, or None in single-process mode."""
     return _need_init().engine
+
+
+def set_name_suffix(suffix: str) -> None:
+    """Append ``suffix`` to every tensor name from the next operation on (the auto-tuner's new partition
+    size: a key's partition layout is fixed at its INIT, so re-partitioned tensors need new keys)."""
+    _state.name_suffix = suffix
 
 
 def key_name(kind: str, name: str | None, like: str = "") -> str:
@@ -358,6 +365,59 @@ def poll(handle: int) -> bool:
     if h is None:
         raise ValueError(f"unknown handle {handle!r}")
     return h.done()
+
+
+def _handle_object(handle: int):
+    with _state.lock:
+        h = _state.handles.get(handle)
+    if h is None:
+        raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
+    return h
+
+
+def _leaves(h) -> list:
+    """The engine handles an operation is made of (a Pending's parts may be Pendings)."""
+    return [leaf for p in h.parts for leaf in _leaves(p)] if hasattr(h, "parts") else [h]
+
+
+def handle_name(handle: int) -> str:
+    """The name (on the servers) of the tensor the operation behind ``handle`` moves."""
+    return _handle_object(handle).name
+
+
+def describe(handle: int) -> str:
+    """What the operation behind ``handle`` waits for, for messages (the ranks the servers have not heard
+    from, asked now); "finished" once it has."""
+    try:
+        h = _handle_object(handle)
+    except ValueError:
+        return "finished (already synchronized)"
+    if h.done():
+        return "finished"
+    texts = [p._describe() for p in _leaves(h) if not p.done() and p._describe is not None]
+    return "; ".join(texts) or "no reply"
+
+
+def when_done(handle: int, fn: Callable[[], None]) -> None:
+    """Call ``fn()`` once the operation behind ``handle`` has finished, successfully or not: at once if it
+    has, else on the thread that finishes it (the engine's I/O thread: keep ``fn`` short, and do not wait
+    on other operations in it). ``synchronize(handle)`` then returns without blocking."""
+    parts = _leaves(_handle_object(handle))
+    if not parts:
+        fn()
+        return
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def one_done(_h=None) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            fn()
+
+    for p in parts:
+        p.add_done_callback(one_done)
 
 
 def synchronize(handle: int, timeout: float | None = None) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.torch.hooks import register_step_callback, run_step_callbacks
 from pushpull.torch.strategies import make_strategy
 from pushpull.worker import trace as _trace
 
@@ -120,7 +121,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad.is_sparse:
             if not self._sparse_as_dense:
                 raise RuntimeError(f"gradient of {self._names[p]!r} is sparse: pushpull reduces dense tensors only; "
-                                   f"pass sparse_as_dense=True to DistributedOptimizer (or use a dense embedding)")
+                                   f"pass sparse_as_dense=True to DistributedOptimizer, or keep the table on the servers "
+                                   f"with pushpull.torch.SparseEmbedding (docs/sparse.md)")
             p.grad = p.grad.to_dense()
         if self._predivide != 1.0:
             p.grad.mul_(1.0 / self._predivide)
@@ -199,9 +201,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         result = super(self.__class__, self).step(closure)  # type: ignore[misc]
         if _trace.TRACER is not None:  # one step ends here (or at pushpull.torch.trace_step())
             _trace.TRACER.end_step()
-        for fn in self.__dict__.get("_after_step_hooks", ()):  # pushpull.torch.autotune
-            fn()
+        run_step_callbacks(self)
         return result
+
+    register_step_callback = register_step_callback
 
     def zero_grad(self, set_to_none: bool = True):
         if self._submitted:
@@ -217,18 +220,18 @@ _HOROVOD_OPTIONS = {"op", "gradient_predivide_factor", "num_groups", "groups", "
 
 def _strategy_options(name: str) -> set[str]:
     """Keyword options the strategy called ``name`` takes (its constructors' named parameters)."""
-    import importlib
     import inspect
 
-    from pushpull.torch.strategies import _REGISTRY
+    from pushpull import policy
+    from pushpull.torch.strategies import _OVERRIDES, strategy_class
 
-    target = _REGISTRY.get(name)
-    if target is None:
+    try:
+        klass = strategy_class(name)
+    except ValueError:
         return set()
-    mod, cls = target.split(":")
-    found = set()
-    for klass in getattr(importlib.import_module(mod), cls).__mro__:
-        init = klass.__dict__.get("__init__")
+    found = set(policy.get(name).options) if name not in _OVERRIDES else set()
+    for k in klass.__mro__:
+        init = k.__dict__.get("__init__")
         if init is None:
             continue
         for p in inspect.signature(init).parameters.values():

@@ -34,6 +34,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.torch.hooks import register_step_callback, run_step_callbacks
 from pushpull.torch.strategies import make_strategy
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,13 @@ class _ScheduledOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """Submit what backward did not, and return without waiting: updates are
         applied as reductions arrive (here if already back, else in forward pre-hooks)."""
+        loss = self._pp_step(closure)
+        run_step_callbacks(self)
+        return loss
+
+    register_step_callback = register_step_callback
+
+    def _pp_step(self, closure=None):
         lw: _Layerwise = self._pp
         loss = None
         if closure is not None:

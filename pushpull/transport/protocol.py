@@ -12,9 +12,12 @@ import json
 import struct
 from dataclasses import dataclass
 
+from pushpull import dtypes as _dt
+
 MAGIC = 0x5050  # "PP"
-VERSION = 6  # 5: round signatures in a PUSH's req_id, concat offsets in extra, ABORT, INIT op/readers;
-#             6: INIT writers (the ranks that push a key: one per machine with the local reduce), job_id
+VERSION = 7  # 7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
+#             the address book's job_id; 6: sparse tables (SPARSE_* messages); 5: round signatures, concat
+#             offsets, ABORT, INIT op/readers
 
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra, gen
 # gen: the membership generation (elastic training): a message from before a change of workers is stale
@@ -49,6 +52,12 @@ class MsgType(enum.IntEnum):
     PULL_RESP = 25
     STATUS = 26         # which ranks a key's round (or its INIT) has heard from: asked when a wait times out
     STATUS_RESP = 27
+    # sparse tables (pushpull/server/sparse.py): rows of an embedding table, partitioned by row ranges
+    SPARSE_INIT = 28    # declare a table's row range on this server (JSON); a barrier across workers
+    SPARSE_PUSH = 29    # frames: row ids (int64), rows (float32, numel x dim); round = the worker's step
+    SPARSE_PULL = 30    # frame: row ids (int64); answered once round ``round`` has been applied
+    SPARSE_ROWS = 31    # answer to SPARSE_PULL: the rows (float32), in the order asked
+    SPARSE_ACK = 32     # answer to SPARSE_INIT, to a SET push, and to a push that asked for it
     # either
     ERROR = 40
     BATCH = 41          # several small messages for one peer in one frame (see pack_batch)
@@ -66,29 +75,20 @@ class Flags:
     PULL = 2            # a PUSH that also asks for the round's sum (one request instead of PUSH + PULL)
     NO_ACK = 4          # a PUSH whose sender wants no PUSH_ACK (no credit or trace waits on it)
     ABORT = 8           # a PUSH that fails its round on every rank; the body is JSON {"error": why}
+    SET = 16            # a SPARSE_PUSH that writes rows instead of adding a round's gradient (loading a table)
 
 
-# dtype code <-> torch dtype name; the server needs only the name and item size
-DTYPES: dict[int, tuple[str, int]] = {
-    0: ("uint8", 1),
-    1: ("float16", 2),
-    2: ("bfloat16", 2),
-    3: ("float32", 4),
-    4: ("float64", 8),
-    5: ("int32", 4),
-    6: ("int64", 8),
-    7: ("int8", 1),
-    8: ("int16", 2),
-}
+# dtype code <-> dtype name (and item size): the header numbering of pushpull.dtypes
+DTYPES: dict[int, tuple[str, int]] = {c: (d.name, d.itemsize) for c, d in _dt.BY_HEADER.items()}
 _CODE_OF = {name: code for code, (name, _) in DTYPES.items()}
 
 
 # A PUSH's req_id carries its round signature (0: none): values every worker must give equal for the round
 # (a broadcast's root and dtype, an allreduce's average flag and scale factors). The server compares them
 # and, when they differ, fails the round on every rank naming each rank's values. Layout: bit 31 set;
-# bits 0-15 root rank; 16-20 dtype (SIG_DTYPES index + 1); bit 21 average; 22-30 a hash of the scale factors.
-SIG_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
-              "complex64", "complex128")
+# bits 0-15 root rank; 16-20 dtype (its pushpull.dtypes ``sig`` id = SIG_DTYPES index + 1); bit 21 average;
+# 22-30 a hash of the scale factors.
+SIG_DTYPES = _dt.SIG_NAMES
 _SIG_SET = 1 << 31
 
 
@@ -98,7 +98,7 @@ def round_sig(root: int | None = None, dtype: str | None = None, average: bool |
     if root is not None:
         sig |= root & 0xFFFF
     if dtype is not None:
-        sig |= (SIG_DTYPES.index(dtype) + 1 if dtype in SIG_DTYPES else 31) << 16
+        sig |= (_dt.BY_NAME[dtype].sig if dtype in _dt.BY_NAME else _dt.SIG_UNKNOWN) << 16
     if average:
         sig |= 1 << 21
     if tuple(scale) != (1.0, 1.0):

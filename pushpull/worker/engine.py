@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import zmq
 
+from pushpull import dtypes
 from pushpull.cluster.assign import part_key
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
@@ -36,11 +38,9 @@ from pushpull.worker.window import AutoWindow
 log = logging.getLogger(__name__)
 FINISH_AFTER_ERROR_S = 2.0  # how long a worker that raised an error waits for the others at shutdown
 
-SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
-             torch.uint8, torch.int8, torch.int16}
-DTYPE_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-              torch.float64: "float64", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-              torch.int8: "int8", torch.int16: "int16"}
+# the dtypes a push_pull carries, and their names (pushpull.dtypes)
+DTYPE_NAME = {t: d.name for t, d in dtypes.torch_table().items() if d.header is not None}
+SUPPORTED = set(DTYPE_NAME)
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ class KeySpec:
 PLAIN = KeySpec()
 
 # dtypes NumPy can average in place as they arrive (bfloat16 has no NumPy type)
-_NP_FLOAT = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
-_NP_VIEW = set(SUPPORTED) - {torch.bfloat16}
+_NP_FLOAT = {t: dtypes.BY_NAME[n].np_native for t, n in DTYPE_NAME.items()
+             if dtypes.BY_NAME[n].floating and dtypes.BY_NAME[n].np_native is not None}
+_NP_VIEW = {t for t, n in DTYPE_NAME.items() if dtypes.BY_NAME[n].np_native is not None}
 
 
 def _describe_spec(spec: KeySpec) -> str:
@@ -204,6 +205,11 @@ class Engine:
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
         self.local_reason = ""  # why not, when local_size > 1 and it is off
+        self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
+        # BYTEPS_THREADPOOL_SIZE: compression and decompression off the communication thread, in parallel
+        # (their NumPy/torch kernels release the GIL), so that a large compressed model does not serialise
+        # behind one thread that also has every socket to serve
+        self.pool: ThreadPoolExecutor | None = None  # made at start()
 
     def _lr(self) -> float:
         """Current learning rate for error feedback (set by DistributedOptimizer)."""
@@ -214,6 +220,8 @@ class Engine:
     def start(self) -> None:
         if self.cfg.keep_freed_buffers:
             keep_freed_buffers()
+        if self.cfg.threadpool_size > 0 and self.pool is None:
+            self.pool = ThreadPoolExecutor(self.cfg.threadpool_size, thread_name_prefix="pushpull-codec")
         self.van.start()
         book = self.member.register()
         self.num_servers = int(book["num_servers"])
@@ -261,8 +269,13 @@ class Engine:
         """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
         if self.local is not None:
             self.local.close()
+        for close in self.closers:
+            close()
         if self.direct is not None:
             self.direct.close()  # the van's context waits for every socket to be closed
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
         self.van.stop()
         self.started = False
 
@@ -345,26 +358,14 @@ class Engine:
         pbytes = max(itemsize, self.cfg.partition_bytes // itemsize * itemsize)
         parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
         if compression:
-            from pushpull.compression import normalize_spec
+            from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
 
-            explicit_min = isinstance(compression, dict) and "min_compress_bytes" in compression
             try:
-                compression = normalize_spec(compression)
+                use_compression = for_tensor(compression, nbytes, dtype.is_floating_point, self.cfg.min_compress_bytes)
             except (ValueError, TypeError) as ex:
                 raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
-            min_bytes = compression["min_compress_bytes"] if explicit_min else self.cfg.min_compress_bytes
-            if compression["compressor"] == "none" and compression["ef"] == "none" \
-                    and compression["momentum"] == "none":
-                compression = None
         else:
-            min_bytes = 0
-        use_compression = compression if (compression and nbytes >= min_bytes
-                                           and dtype.is_floating_point) else None
-        if (use_compression is None and compression and dtype.is_floating_point and nbytes > 0
-                and compression["momentum"] != "none"):
-            # worker momentum replaces the optimizer's for every tensor, so a tensor too small to be
-            # compressed still gets it (sent raw through the identity codec), or it would get none
-            use_compression = dict(compression, compressor="none", ef="none")
+            use_compression = None
         if spec.op != "sum" and use_compression is not None:
             raise ValueError(f"tensor {name!r}: compression needs a sum on the servers, not {spec.op}")
         e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,
@@ -657,7 +658,6 @@ class Engine:
         if self.window is not None:
             p.t_sent = time.perf_counter()
             p.delivered_at_send = self.delivered
-        itemsize = e.itemsize
         if e.spec.op == "concat":  # this rank's bytes that fall in the partition, and where they go in it
             lo = max(p.offset, op.offset)
             hi = max(lo, min(p.offset + p.nbytes, op.offset + len(op.inp)))
@@ -679,22 +679,79 @@ class Engine:
         flags = Flags.PULL
         if self.queue.credit_bytes <= 0 and self.tracer is None:
             flags |= Flags.NO_ACK
-        frame = view
-        extra = 0
-        if p.codec is not None:
-            frame = p.codec.compress(view)
-            flags |= Flags.COMPRESSED
-            extra = f32_bits(self._lr())  # the server's error feedback rescales by the same lr ratio
+        if p.codec is None:
+            self._push(op, p, view, flags, 0)
+            return
+        flags |= Flags.COMPRESSED
+        extra = f32_bits(self._lr())  # the server's error feedback rescales by the same lr ratio
+        if self.pool is None:
+            self._push(op, p, p.codec.compress(view), flags, extra)
+            return
+        gen = self.gen
+
+        def compressed(fut) -> None:  # on a pool thread: the rest belongs to the I/O thread
+            self.van.call_soon(lambda: self._push_compressed(op, p, fut, flags, extra, gen))
+        self.pool.submit(p.codec.compress, view).add_done_callback(compressed)
+
+    def _push_compressed(self, op: Op, p: Partition, fut, flags: int, extra: int, gen: int) -> None:
+        """A partition compressed on the pool (BYTEPS_THREADPOOL_SIZE): send it, unless its op ended meanwhile
+        (its credit went back then) or the workers changed (its round no longer exists)."""
+        if op.finished or self.ops.get(p.key) is not op or gen != self.gen:
+            return
+        try:
+            frame = fut.result()
+        except Exception as ex:  # noqa: BLE001 - the op fails with the codec's error, as inline
+            self._finish(op, f"tensor {op.entry.name!r}: compressing partition {p.index} failed: {ex!r}")
+            return
+        if self.window is not None:  # the window's round trip starts at the send, not before compressing
+            p.t_sent = time.perf_counter()
+        self._push(op, p, frame, flags, extra)
+
+    def _push(self, op: Op, p: Partition, frame, flags: int, extra: int) -> None:
+        e = op.entry
+        if flags & Flags.COMPRESSED:
             nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
         else:
             nb = p.nbytes
         self.van.send(p.sock, Header(MsgType.PUSH, sender=self.rank, key=p.key, round=op.round, dtype=e.code, gen=self.gen,
-                                     numel=p.nbytes // itemsize, nbytes=nb, flags=flags, extra=extra, req_id=op.sig),
+                                     numel=p.nbytes // e.itemsize, nbytes=nb, flags=flags, extra=extra, req_id=op.sig),
                       [frame])
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
         self.stats["partitions"] += 1
+
+    def _decompress(self, op: Op, p: Partition, buf, _keepalive=None) -> None:
+        """A compressed sum into the output (averaging floats on the way); ``_keepalive``: the message that
+        owns ``buf`` while a pool thread reads it."""
+        dst = op.out_bytes[p.offset:p.offset + p.nbytes]
+        p.codec.decompress_into(buf, dst)
+        npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
+        if npdt is not None:
+            typed = dst.view(npdt)
+            np.multiply(typed, self.inv_size, out=typed)
+
+    def _pulled_compressed(self, op: Op, p: Partition, fut, nbytes: int, gen: int) -> None:
+        if op.finished or self.ops.get(p.key) is not op or gen != self.gen:
+            return
+        try:
+            fut.result()
+        except Exception as ex:  # noqa: BLE001
+            self._finish(op, f"tensor {op.entry.name!r}: decompressing partition {p.index} failed: {ex!r}")
+            return
+        self._partition_pulled(op, p, nbytes)
+
+    def _partition_pulled(self, op: Op, p: Partition, nbytes: int) -> None:
+        self.stats["bytes_pulled"] += nbytes
+        if self.tracer is not None:
+            self.tracer.partition_done(op, p)
+        del self.ops[p.key]
+        if p.held:
+            self.queue.release(p.held)
+            p.held = 0
+        op.remaining -= 1
+        if op.remaining == 0:
+            self._finish(op, None)
 
     def _server_message(self, msg: Msg) -> None:
         """A failure while handling a server's answer fails that tensor's op at once,
@@ -752,27 +809,20 @@ class Engine:
             if not op.reader:  # this rank only contributed: the answer says the round completed
                 pass
             elif h.flags & Flags.COMPRESSED:
-                dst = op.out_bytes[p.offset:p.offset + p.nbytes]
-                p.codec.decompress_into(buf, dst)
-                npdt = _NP_FLOAT.get(op.entry.dtype) if op.average and self.size > 1 else None
-                if npdt is not None:
-                    typed = dst.view(npdt)
-                    np.multiply(typed, self.inv_size, out=typed)
+                if self.pool is not None:  # decompress on the pool; the partition completes when it is done
+                    gen = self.gen
+
+                    def decompressed(fut) -> None:
+                        self.van.call_soon(lambda: self._pulled_compressed(op, p, fut, len(buf), gen))
+                    self.pool.submit(self._decompress, op, p, buf, msg).add_done_callback(decompressed)
+                    return
+                self._decompress(op, p, buf)
             else:
                 error = self._write_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average)
                 if error:
                     self._finish(op, error)
                     return
-            self.stats["bytes_pulled"] += len(buf)
-            if self.tracer is not None:
-                self.tracer.partition_done(op, p)
-            del self.ops[h.key]
-            if p.held:
-                self.queue.release(p.held)
-                p.held = 0
-            op.remaining -= 1
-            if op.remaining == 0:
-                self._finish(op, None)
+            self._partition_pulled(op, p, len(buf))
             if self.queue:
                 self.queue.admit(self._send_partition)
         elif t == MsgType.ERROR:

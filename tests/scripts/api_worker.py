@@ -43,10 +43,13 @@ class Exploit:
         return (os.system, (f"touch {self.path}",))
 
 
+class CaseFailed(AssertionError):
+    """One case's check failed: reported as ``case <name> FAIL``, and the next case runs."""
+
+
 def fail(msg: str) -> None:
     print(f"FAIL rank {bps.rank()}: {msg}", flush=True)
-    # leave at once: a clean exit would wait for the other workers to finish, and they wait for us
-    os._exit(3)
+    raise CaseFailed(msg)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -559,10 +562,19 @@ def main() -> None:
     torch.set_num_threads(1)  # several workers share this machine's cores
     bps.init()
     cases = list(CASES) if "all" in args.cases else args.cases
-    for c in cases:
+    failed = []
+    for c in cases:  # each case reports on its own line, and a failed one does not stop the rest
         t = time.monotonic()
-        CASES[c]()
+        try:
+            CASES[c]()
+        except Exception as e:  # noqa: BLE001 - reported per case; the test names it
+            failed.append(c)
+            print(f"case {c} FAIL on rank {bps.rank()}/{bps.size()}: {e!r}", flush=True)
+            continue
         print(f"case {c} ok on rank {bps.rank()}/{bps.size()} in {time.monotonic() - t:.2f}s", flush=True)
+    if failed:
+        print(f"FAILED cases {failed} on rank {bps.rank()}", flush=True)
+        os._exit(3)  # a clean exit would wait for the other workers, who may wait for this one
     bps.shutdown()
     print("ALL-OK", flush=True)
 

@@ -280,6 +280,58 @@ for _op in ("Min", "Max", "Product"):
     CASES[f"reducescatter-{_op}-float32"] = _reducescatter_case(_op, torch.float32, 330 + len(_op))
 
 
+
+@case("reducescatter-unnamed")
+def _():
+    r, n = hvd.rank(), hvd.size()
+    xs = everyone(340, torch.float32, lambda k: (2 * n, 3))
+    full = reference(xs, "Sum")
+    for _ in range(2):  # the second call reuses the first's key (unnamed calls of one signature)
+        check("unnamed reducescatter", hvd.reducescatter(xs[r], op=hvd.Sum), full[2 * r:2 * r + 2])
+
+
+# ------------------------------------------------------------------ futures --
+
+@case("get-future-then")
+def _():
+    r = hvd.rank()
+    xs = everyone(350, torch.float32, lambda k: (5,))
+    fut = hvd.get_future(hvd.allreduce_async(xs[r], op=hvd.Sum, name="fut.sum"))
+    doubled = fut.then(lambda f: f.value() * 2)
+    check("get_future(...).then", doubled.wait(), reference(xs, "Sum") * 2)
+    check("the future's own value", fut.value(), reference(xs, "Sum"))
+    grouped = hvd.get_future(hvd.grouped_allreduce_async([xs[r], xs[r] + 1], op=hvd.Sum, name="fut.group"))
+    got = grouped.wait()
+    check("get_future of a grouped allreduce", got[1], reference([x + 1 for x in xs], "Sum"))
+
+
+@case("get-future-consumes-handle")
+def _():
+    h = hvd.allreduce_async(torch.ones(3), op=hvd.Sum, name="fut.consumed")
+    hvd.get_future(h).wait()
+    raises(lambda: hvd.synchronize(h), ValueError, "unknown handle", "already synchronized")
+
+
+@case("get-future-timeout", peers=True)
+def _():
+    # rank 0 starts a reduction the others join only 3 s later: its future, with a 1 s deadline, fails first,
+    # naming the ranks it waits for; then the round completes and frees the handle
+    if hvd.rank() == 0:
+        fut = hvd.get_future(hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="fut.late"), timeout=1.0)
+        t0 = time.monotonic()
+        try:
+            fut.wait()
+        except Exception as e:  # noqa: BLE001 - torch re-raises the future's exception as it was set
+            text, took = str(e), time.monotonic() - t0
+            if "did not finish within 1s" not in text or "fut.late" not in text or took > 3.0:
+                raise CaseFailed(f"after {took:.1f}s: {text}") from None
+        else:
+            raise CaseFailed("the late future completed instead of timing out")
+    else:
+        time.sleep(3.0)
+        hvd.allreduce(torch.ones(2), op=hvd.Sum, name="fut.late")
+
+
 # ------------------------------------------------------------------ broadcast --
 
 def _broadcast_case(dtype: torch.dtype, seed: int):

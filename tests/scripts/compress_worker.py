@@ -39,6 +39,13 @@ for spec in [{"compressor": "onebit", "scaling": True}, {"compressor": "fp16"},
              f"(max diff {(got - want).abs().max().item()})")
     print(f"{name} ok: pushed {bps.engine().stats['bytes_pushed']} bytes so far", flush=True)
 
+# BYTEPS_THREADPOOL_SIZE > 0: the codec ran on the pool's threads, not the communication thread
+import os, threading  # noqa: E401,E402
+if int(os.environ.get("BYTEPS_THREADPOOL_SIZE", "0")) > 0:
+    if bps.engine().pool is None or not any(t.name.startswith("pushpull-codec") for t in threading.enumerate()):
+        fail("BYTEPS_THREADPOOL_SIZE is set but no codec thread ran")
+    print("threadpool ok", flush=True)
+
 # onebit with one worker: the result decodes to +-one scale
 if n == 1:
     got = bps.push_pull(x, average=False, name="c.onebit2", compression={"compressor": "onebit"})

@@ -7,7 +7,8 @@ admitted to the network but not yet reduced. A small credit keeps the
 network queue short, so a partition of an early layer that becomes ready
 late overtakes everything still waiting; nothing admitted is pre-empted.
 Defaults follow ByteScheduler: 1M / 4M float32 elements (partition /
-credit) for PS, 8M / 16M for all-reduce.
+credit) for PS, 8M / 16M for all-reduce (:mod:`pushpull.policy.bytescheduler`, shared with the
+runtime and the benchmark grid).
 
 Over PS, as in pushpull's worker engine and BytePS, a partition *is* a key:
 it goes whole to one server (one push, one pull), and its credit comes back
@@ -20,13 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pushpull.policy import bytescheduler as policy
 from pushpull.sim.config import ClusterConfig
 from pushpull.sim.strategies.base import CommTask, Discipline, Strategy, StrategyContext
-
-DEFAULTS = {  # backend -> (partition bytes, credit bytes)
-    "ps": (4_000_000, 16_000_000),
-    "allreduce": (32_000_000, 64_000_000),
-}
 
 
 @dataclass
@@ -42,8 +39,8 @@ class ByteScheduler(Strategy):
             raise ValueError(f"credit_bytes must be > 0, got {self.credit_bytes!r}")
 
     def resolved(self, cluster: ClusterConfig) -> tuple[int, float]:
-        p, c = DEFAULTS[cluster.backend]
-        return (self.partition_bytes or p, self.credit_bytes if self.credit_bytes is not None else c)
+        return policy.ByteScheduler.scheduling(cluster.backend, partition_bytes=self.partition_bytes,
+                                               credit=self.credit_bytes)
 
     def discipline(self, cluster: ClusterConfig) -> Discipline:
         _, credit = self.resolved(cluster)
@@ -59,10 +56,9 @@ class ByteScheduler(Strategy):
         for t in ctx.ready:
             if t.nbytes <= 0:
                 continue
-            n = max(1, math.ceil(t.nbytes / part))
-            for j in range(n):
-                size = min(part, t.nbytes - j * part)
-                name = t.name if n == 1 else f"{t.name}.p{j}"
+            sizes = policy.partitions(t.nbytes, part)
+            for j, size in enumerate(sizes):
+                name = t.name if len(sizes) == 1 else f"{t.name}.p{j}"
                 tasks.append(CommTask(name, t.ready_s, [(t.index, size)], priority=(t.layer, j, t.pos)))
         return tasks
 

@@ -4,20 +4,22 @@ ready into buffers of at most ``threshold_bytes`` and reduce each buffer.
 Fewer, larger messages amortise the per-message latency at the price of
 waiting up to one cycle. Cycles are counted from the start of the backward
 pass (Horovod's background loop is free-running; anchoring it keeps every
-iteration identical). A tensor larger than the threshold travels alone.
+iteration identical). A tensor larger than the threshold travels alone. The packing is the
+policy's (:func:`pushpull.policy.fusion.fusion_plan`), the one the runtime runs.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from pushpull.sim.strategies.base import CommTask, ReadyTensor, Strategy, StrategyContext, group_name
+from pushpull.policy.fusion import CYCLE_MS, THRESHOLD_BYTES, cycle_tick, fusion_plan
+from pushpull.sim.strategies.base import CommTask, Strategy, StrategyContext, group_name
 
 
 @dataclass
 class Fusion(Strategy):
-    threshold_bytes: int = 64 * 1024 * 1024
-    cycle_s: float = 1e-3
+    threshold_bytes: int = THRESHOLD_BYTES
+    cycle_s: float = CYCLE_MS / 1e3
     name = "fusion"
 
     def __post_init__(self):
@@ -27,29 +29,14 @@ class Fusion(Strategy):
             raise ValueError(f"cycle_s must be a finite number >= 0, got {self.cycle_s!r}")
 
     def tasks(self, ctx: StrategyContext) -> list[CommTask]:
-        # group the ready stream by the cycle tick that first sees each tensor
-        by_tick: dict[float, list[ReadyTensor]] = {}
-        for t in ctx.ready:
-            if t.nbytes <= 0:
-                continue
-            if self.cycle_s == 0:
-                tick = t.ready_s
-            else:
-                tick = math.ceil(t.ready_s / self.cycle_s - 1e-9) * self.cycle_s
-            by_tick.setdefault(tick, []).append(t)
+        ready = [t for t in ctx.ready if t.nbytes > 0]
+        groups = fusion_plan([t.ready_s for t in ready], [t.nbytes for t in ready], self.threshold_bytes,
+                             self.cycle_s)
         tasks: list[CommTask] = []
-        for tick in sorted(by_tick):
-            buf: list[ReadyTensor] = []
-            size = 0
-            for t in by_tick[tick] + [None]:
-                if t is None or (buf and size + t.nbytes > self.threshold_bytes):
-                    if buf:
-                        tasks.append(CommTask(group_name("fusion", len(tasks), buf), tick,
-                                              [(x.index, x.nbytes) for x in buf]))
-                    buf, size = [], 0
-                if t is not None:
-                    buf.append(t)
-                    size += t.nbytes
+        for g in groups:
+            buf = [ready[i] for i in g]
+            tasks.append(CommTask(group_name("fusion", len(tasks), buf), cycle_tick(buf[0].ready_s, self.cycle_s),
+                                  [(x.index, x.nbytes) for x in buf]))
         return tasks
 
     def describe(self) -> str:

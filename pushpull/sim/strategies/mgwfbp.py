@@ -7,66 +7,17 @@ profile, merging layer l-1 into the message that holds layer l saves one
 from the output to the input and merging whenever the wait is shorter than
 ``alpha`` (or there is no wait because the network is still busy) is the
 greedy rule of the paper. Tiny layers are always merged: their message
-would be all ``alpha``.
+would be all ``alpha``. The rule is :func:`pushpull.policy.mgwfbp.mgwfbp_merge`, shared with the
+runtime; here it merges the profile's layers with the cluster's alpha-beta model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pushpull.policy.mgwfbp import SMALL_ELEMENTS, mgwfbp_merge
 from pushpull.sim.strategies.base import CommTask, Strategy, StrategyContext, group_name
 
-SMALL_ELEMENTS = 8192
-
-
-def mgwfbp_merge(bwd_times: list[float], sizes_bytes: list[float], alpha: float, beta: float,
-                 small_bytes: float = SMALL_ELEMENTS * 4) -> list[list[int]]:
-    """Group layers for MG-WFBP.
-
-    ``bwd_times`` and ``sizes_bytes`` are per layer in *forward* order (index 0
-    is the input layer). Returns the groups in communication order (the
-    output-side group first), each group listing its layers output-first,
-    e.g. ``[[3, 2], [1], [0]]``.
-
-    Walk l = L-1 .. 1 with a current group G ending at layer l:
-      * G would start at ``start = max(ready(l), end of the previous group)``
-        and finish at ``start + alpha + beta*bytes(G)``;
-      * merge l-1 into G when l-1 is ready before G would finish and
-        either G would wait for the network anyway (ready(l-1) <= start) or
-        the extra wait ``ready(l-1) - start`` is smaller than ``alpha``;
-      * always merge when l-1 or G is smaller than ``small_bytes``.
-    """
-    L = len(bwd_times)
-    if L != len(sizes_bytes):
-        raise ValueError(f"sizes_bytes: expected {L} entries (one per layer), got {len(sizes_bytes)}")
-    if L == 0:
-        return []
-    if alpha < 0 or beta < 0:
-        raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha!r}, beta={beta!r}")
-    # ready[l]: when layer l's gradient is ready, counted from the start of the backward
-    ready = [0.0] * L
-    acc = 0.0
-    for l in range(L - 1, -1, -1):
-        acc += bwd_times[l]
-        ready[l] = acc
-
-    groups: list[list[int]] = []
-    cur, cur_bytes, prev_end = [L - 1], float(sizes_bytes[L - 1]), 0.0
-    for l in range(L - 1, 0, -1):
-        c = l - 1
-        start = max(ready[cur[-1]], prev_end)
-        finish = start + alpha + beta * cur_bytes
-        wait = ready[c] - start
-        small = sizes_bytes[c] < small_bytes or cur_bytes < small_bytes
-        ready_in_time = ready[c] < finish
-        if small or (ready_in_time and (wait <= 0 or wait < alpha)):
-            cur.append(c)
-            cur_bytes += sizes_bytes[c]
-        else:
-            groups.append(cur)
-            prev_end = finish
-            cur, cur_bytes = [c], float(sizes_bytes[c])
-    groups.append(cur)
-    return groups
+__all__ = ["MGWFBP", "SMALL_ELEMENTS", "mgwfbp_merge"]
 
 
 @dataclass

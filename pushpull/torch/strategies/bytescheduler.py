@@ -7,20 +7,17 @@ layer that becomes ready late overtakes everything still queued.
 Over the parameter servers the worker engine's credit queue does this; over
 all-reduce the reducer's rank 0 does it and the other ranks follow its order
 (:mod:`pushpull.torch.allreduce_backend`). Options ``partition_bytes`` and ``credit``
-(bytes in flight) override PUSHPULL_BYTESCHEDULER_*; defaults follow
-ByteScheduler: 1 M / 4 M float32 elements over PS, 8 M / 16 M over all-reduce.
+(bytes in flight) override PUSHPULL_BYTESCHEDULER_*; the defaults are the policy's
+(:mod:`pushpull.policy.bytescheduler`, ByteScheduler's: 1 M / 4 M float32 elements over PS, 8 M / 16 M
+over all-reduce), shared with the simulator and the benchmark grid.
 """
 from __future__ import annotations
 
 import torch
 
+from pushpull.policy import bytescheduler as policy
 from pushpull.torch import ops
 from pushpull.torch.strategies.base import Strategy
-
-DEFAULTS = {  # backend -> (partition bytes, credit bytes)
-    "ps": (4_000_000, 16_000_000),
-    "allreduce": (32_000_000, 64_000_000),
-}
 
 
 class ByteScheduler(Strategy):
@@ -34,9 +31,10 @@ class ByteScheduler(Strategy):
     def scheduling(self) -> tuple[int, int]:
         part, credit = self._want
         cfg = ops.config()
-        dpart, dcredit = DEFAULTS.get(self.comm.backend, DEFAULTS["ps"])
-        part = int(part or cfg.bytescheduler_partition_bytes or dpart)
-        credit = int(credit or cfg.bytescheduler_credit_bytes or dcredit)
+        part, credit = policy.ByteScheduler.scheduling(
+            self.comm.backend, partition_bytes=part or cfg.bytescheduler_partition_bytes or None,
+            credit=credit or cfg.bytescheduler_credit_bytes or None)
+        part, credit = int(part), int(credit)
         if part < 1024 or credit < 1:
             raise ValueError(f"bytescheduler: partition_bytes must be >= 1024 and credit >= 1 byte, got "
                              f"partition_bytes={part}, credit={credit}")

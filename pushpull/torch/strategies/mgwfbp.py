@@ -1,6 +1,6 @@
 """MG-WFBP (Shi et al.): merge consecutive gradients when that finishes the
 communication sooner than sending them one by one. The decision is the
-simulator's pure function :func:`pushpull.sim.strategies.mgwfbp.mgwfbp_merge`
+pure function :func:`pushpull.policy.mgwfbp.mgwfbp_merge`, which the simulator runs too
 (the rule of Shi et al., MG-WFBP, INFOCOM 2019: walk from output to input, merge when the next gradient is
 ready before the current message would finish and the extra wait is under
 alpha or the network is busy anyway; tensors under 8192 elements always
@@ -19,45 +19,14 @@ import time
 
 import torch
 
-from pushpull.sim.strategies.mgwfbp import SMALL_ELEMENTS, mgwfbp_merge
+from pushpull.policy.mgwfbp import fit_alpha_beta, mgwfbp_groups
 from pushpull.torch import ops
 from pushpull.torch.strategies.planned import PlannedStrategy
 
 PROBE_BYTES = (4096, 65536, 524288, 2097152)
 
 
-def mgwfbp_groups(ready_s: list[float], sizes: list[int], alpha: float, beta: float,
-                  small_bytes: int = SMALL_ELEMENTS * 4) -> list[list[int]]:
-    """MG-WFBP buffers for tensors given in ready order (output side first).
-
-    Adapts the ready-time view to :func:`mgwfbp_merge`'s per-layer backward
-    times in forward order: tensor ``i`` of ``L`` is layer ``L-1-i`` and its
-    backward time is the gap since the previous tensor became ready.
-    Returns groups of ready-order indices in launch order.
-    """
-    L = len(ready_s)
-    if L != len(sizes):
-        raise ValueError(f"mgwfbp_groups: {L} ready times but {len(sizes)} sizes")
-    bwd = [0.0] * L
-    for i in range(L):
-        bwd[L - 1 - i] = max(0.0, ready_s[i] - (ready_s[i - 1] if i else ready_s[0]))
-    fwd_sizes = [float(sizes[L - 1 - f]) for f in range(L)]
-    groups = mgwfbp_merge(bwd, fwd_sizes, alpha, beta, small_bytes=small_bytes)
-    return [[L - 1 - f for f in g] for g in groups]
-
-
-def fit_alpha_beta(samples: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares line t = alpha + beta * bytes through (bytes, seconds), clamped to >= 0."""
-    n = len(samples)
-    if n < 2:
-        raise ValueError("fit_alpha_beta needs at least two samples")
-    mx = sum(b for b, _ in samples) / n
-    my = sum(t for _, t in samples) / n
-    sxx = sum((b - mx) ** 2 for b, _ in samples)
-    beta = sum((b - mx) * (t - my) for b, t in samples) / sxx if sxx > 0 else 0.0
-    beta = max(beta, 0.0)
-    alpha = max(my - beta * mx, 0.0)
-    return alpha, beta
+__all__ = ["MGWFBP"]
 
 
 class MGWFBP(PlannedStrategy):

@@ -1,0 +1,60 @@
+"""What a communication strategy *is*, independent of who carries it out.
+
+A strategy decides which gradients travel together, when each message may leave, and how the backend
+cuts and admits them. Those decisions are pure functions of the gradients' ready times and sizes, so
+they live here once, and two executors carry them out: the runtime (:mod:`pushpull.torch.strategies`,
+on real tensors and sockets) and the simulator (:mod:`pushpull.sim.strategies`, on a model profile).
+Before, each strategy was written twice and the simulator could silently disagree with what ran.
+
+This package imports neither torch nor the simulator. A new strategy is one file in it with one
+:class:`Policy` subclass: the registry (:mod:`pushpull.policy`) finds it, and the runtime, the
+simulator, the benchmark grid and the ``PUSHPULL_STRATEGY`` validation all accept its name.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+RELEASES = ("ready", "end", "plan")
+
+
+class Policy:
+    """A strategy's decisions. Subclasses set ``name`` and override what they decide.
+
+    * ``release``: ``"ready"``: every gradient is reduced on its own as soon as it is ready;
+      ``"end"``: all of them as one buffer after the backward pass; ``"plan"``: in the buffers
+      :meth:`plan` groups them into (each launched when its last gradient is ready; the runtime measures
+      the ready times during warm-up steps and agrees on rank 0's).
+    * ``schedules``: the backend cuts messages into partitions, queues them by priority and admits
+      them under a credit, with the sizes :meth:`scheduling` gives (ByteScheduler's mechanism); its
+      options for them are called ``partition_bytes`` and ``credit`` (bytes), as the grid passes them.
+    * ``options``: option name -> default (None: the default comes from a setting or the backend);
+      the runtime and the simulator accept these as keyword options.
+    * ``runtime`` / ``simulator``: ``"module:Class"`` of an executor of its own where the generic one
+      does not do (a cost model measured on the live backend, a layer-wise view of a profile); None =
+      the generic executor; ``"-"`` = not available there.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    order: ClassVar[int] = 100          # listing order (names, --strategy defaults); ties by name
+    release: ClassVar[str] = "ready"
+    schedules: ClassVar[bool] = False
+    options: ClassVar[dict[str, Any]] = {}
+    runtime: ClassVar[str | None] = None
+    simulator: ClassVar[str | None] = None
+    fixed: ClassVar[bool] = True        # False: picks another strategy at run time (auto)
+
+    @classmethod
+    def plan(cls, ready_s: list[float], sizes: list[int], **options) -> list[list[int]]:
+        """``release == "plan"``: group gradients given in ready order (their ready times in seconds
+        from the first one, and their sizes in bytes) into buffers; lists of indices in launch order."""
+        raise NotImplementedError(f"strategy {cls.name!r} releases {cls.release!r}: it has no plan")
+
+    @classmethod
+    def scheduling(cls, backend: str, **options) -> tuple[int, float]:
+        """``schedules``: (partition bytes, credit bytes) on ``backend`` with these options (None = default)."""
+        raise NotImplementedError(f"strategy {cls.name!r} keeps the backend's own partitioning and credit")
+
+    @classmethod
+    def describe(cls) -> str:
+        return (cls.__doc__ or cls.name).strip().splitlines()[0]
