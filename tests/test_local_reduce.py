@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pushpull.worker.local_reduce import LocalReduce, pid_dead, slice_bounds
+from pushpull.worker.local_reduce import LocalReduce, pid_dead, shm_dir, slice_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_WORKER = str(ROOT / "tests" / "scripts" / "local_worker.py")
@@ -138,9 +138,12 @@ def test_distributed_optimizer_trains_as_the_flat_path_does():
 
 def test_a_dead_local_peer_fails_the_others_within_seconds_naming_it():
     # one machine of two processes; the scheduler would notice the death only after 30 s
+    before = set(os.listdir(shm_dir()))
     out = run_job(1, 2, [LOCAL_WORKER, "dead"], env={"PUSHPULL_HEARTBEAT_TIMEOUT": "30"}, servers=1,
                   check=False)  # the job fails: one of its processes died
     m = re.search(r"DEAD-ERROR after ([\d.]+)s: (.*)", out)
     assert m, out[-3000:]
     assert float(m.group(1)) < 3.0, m.group(0)
     assert "local rank(s) [1]" in m.group(2) and "died" in m.group(2) and "dead.second" in m.group(2), m.group(2)
+    # the survivor exits with os._exit (no clean shut-down), yet leaves no shared memory behind
+    assert not {f for f in set(os.listdir(shm_dir())) - before if f.startswith("pushpull-")}

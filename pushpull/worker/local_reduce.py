@@ -449,6 +449,7 @@ class LocalReduce:
                 self.failed.setdefault(op.name, error)
         if error is not None and op.seg is not None and op.seg.ctr is not None:
             op.seg.ctr[self.p, FAILED] = max(int(op.seg.ctr[self.p, FAILED]), op.round)
+            op.seg.unlink()  # the name is failed for good: nothing may stay behind in /dev/shm, crash or not
         if error is None:
             op.handle.complete()
         else:
