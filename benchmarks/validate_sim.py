@@ -150,7 +150,9 @@ def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
         u = tables[0].rows[i]
         cells = " | ".join(f"{t.rows[i]['predicted_step_s'] * 1e3:.0f} | {t.rows[i]['error'] * 100:+.1f} %"
                            for t in tables)
-        lines.append(f"| {r.get('config')} | {u['model']} | {u['strategy']} | {u['backend']} | {u['workers']} | "
+        ls = int(r.get("local_size") or 1)  # processes per host: hierarchical (local reduce) or flat
+        n = f"{u['workers']}x{ls} {'hier' if r.get('local_reduce_active') else 'flat'}" if ls > 1 else u["workers"]
+        lines.append(f"| {r.get('config')} | {u['model']} | {u['strategy']} | {u['backend']} | {n} | "
                      f"{u['servers'] if u['backend'] == 'ps' else '-'} | {r['bandwidth']} | {round(u['compute_scale'], 4):g} | "
                      f"{u['measured_step_s'] * 1e3:.0f} | {cells} |")
     return "\n".join(lines)
@@ -169,7 +171,7 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
     for r in rows:
         key = tuple(str(r.get(k)) for k in ("config", "model", "strategy", "backend", "workers", "servers",
                                               "placement", "bandwidth", "ratio", "grad_mb", "ps_partition_bytes",
-                                              "plan"))
+                                              "plan", "local_size", "local_reduce"))
         cells.setdefault(key, []).append(r)
     out = []
     for rs in cells.values():

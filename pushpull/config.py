@@ -61,6 +61,13 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _on_off_auto(s: str) -> str:
+    v = s.strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    return "on" if _bool(v) else "off"
+
+
 def _str(s: str) -> str:
     return s
 
@@ -157,6 +164,14 @@ SETTINGS: tuple[Setting, ...] = (
       "Rank of this worker process on its machine (set by the launcher)."),
     S("local_size", ["BYTEPS_LOCAL_SIZE"], None, _opt_int, "integer >= 1",
       "Worker processes per machine (set by the launcher)."),
+    S("local_reduce", [], "auto", _on_off_auto, "auto | 1 | 0",
+      "Hierarchical local reduce when a machine runs several worker processes (BYTEPS_LOCAL_SIZE > 1): they sum "
+      "through shared memory first, then each pushes and pulls 1/local_size of every tensor, so the machine's "
+      "link carries each gradient once instead of local_size times (docs/hierarchical.md). auto: on when the "
+      "servers are reached over a network (not all on 127.0.0.1, where no link is saved); 1: whenever "
+      "local_size > 1; 0: off. Sums over every rank only (min/max, allgather and the like stay flat); CPU "
+      "shared memory, no NCCL path. It applies only when every worker resolves it on, elastic training is "
+      "off, and each machine's ranks share a host name; otherwise the job logs why and stays flat."),
     S("force_distributed", ["BYTEPS_FORCE_DISTRIBUTED"], False, _bool, "0 | 1",
       "Use the servers even with a single worker process (otherwise size()==1 reduces locally)."),
     # --- worker data path

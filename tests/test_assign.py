@@ -54,3 +54,33 @@ def test_disagreement_is_repeated_to_a_late_declarer():
     assert "differs across workers" in first["error"] and not first.get("repeat")
     late = a.assign(1, req)  # agrees with rank 2, but the tensor is already broken
     assert late["error"] == first["error"] and late["repeat"]
+
+
+def _req(name: str, writers=None) -> dict:
+    d = {"name": name, "shape": [4], "dtype": "float32", "parts": [16]}
+    if writers is not None:
+        d["writers"] = writers
+    return d
+
+
+def test_slices_declared_by_their_writers_are_not_misnamed():
+    # 2 machines x 2 processes: slice j of a tensor is declared by local rank j of each machine only
+    a = Assigner(2)
+    for r in (0, 2):
+        a.assign(r, _req("w#local0of2", [0, 2]))
+    for r in (1, 3):
+        a.assign(r, _req("w#local1of2", [1, 3]))
+    assert a.misnamed(4, after_s=0.0) == []
+    # a machine that is late with its slices is late, not misnamed
+    b = Assigner(2)
+    b.assign(0, _req("v#local0of2", [0, 2]))
+    b.assign(1, _req("v#local1of2", [1, 3]))
+    assert b.misnamed(4, after_s=0.0) == []
+    # whole tensors named differently are still caught
+    c = Assigner(2)
+    c.assign(0, _req("x"))
+    c.assign(1, _req("x"))
+    c.assign(2, _req("y"))
+    c.assign(3, _req("y"))
+    assert [(n1, sorted(r1), n2, sorted(r2)) for n1, r1, n2, r2 in c.misnamed(4, after_s=0.0)] == \
+        [("x", [0, 1], "y", [2, 3])]

@@ -48,3 +48,19 @@ def test_keystate_double_buffer_refuses_overwrite():
         ks.push(3, 0, np.ones(3, np.float32))
     with pytest.raises(RoundError, match="pushed twice"):
         ks.push(2, 0, np.ones(3, np.float32))
+
+
+def test_a_key_with_writers_completes_with_their_pushes_and_refuses_others():
+    # the local reduce's slice keys: 4 workers, ranks 1 and 3 (local rank 1 of each machine) push this one
+    ks = KeyState(1, "w#local1of2", "float32", 3, num_workers=4, writers=frozenset({1, 3}))
+    with pytest.raises(RoundError, match=r"rank 0 pushed round 1, but only rank\(s\) \[1, 3\] push this key"):
+        ks.push(1, 0, np.ones(3, np.float32))
+    assert ks.push(1, 1, np.ones(3, np.float32)) is None
+    slot = ks.push(1, 3, np.full(3, 2, np.float32))
+    np.testing.assert_array_equal(slot.out, np.full(3, 3, np.float32))
+    ks.push(2, 1, np.ones(3, np.float32))
+    with pytest.raises(RoundError, match=r"not been pulled by rank\(s\) \[1, 3\]"):
+        ks.push(3, 1, np.ones(3, np.float32))
+    ks.pull(1, 1)
+    slot.pulled.update({1, 3})  # both writers were answered: the slot can take round 3
+    assert ks.push(3, 1, np.ones(3, np.float32)) is None

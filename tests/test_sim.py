@@ -97,6 +97,20 @@ def test_ps_colocated_matches_allreduce_volume():
     assert r.iteration_s == pytest.approx(2 * (n - 1) / n * M / B, rel=0.01)
 
 
+def test_flat_path_with_several_processes_per_machine_moves_local_size_copies():
+    # 2 machines x 2 processes, servers colocated: with the local reduce each NIC carries M/2 of pushes and
+    # M/2 of pull answers (one endpoint per machine); without it each of the 2 processes pushes everything
+    prof = many_small()
+    M = prof.nbytes
+    hier = simulate(prof, ClusterConfig(workers=2, servers=2, bandwidth=B, latency=0, colocated=True, local_size=2),
+                    "wfbp")
+    flat = simulate(prof, ClusterConfig(workers=2, servers=2, bandwidth=B, latency=0, colocated=True, local_size=2,
+                                        local_reduce=False), "wfbp")
+    assert hier.iteration_s == pytest.approx(M / B, rel=0.01)
+    assert flat.iteration_s == pytest.approx(2 * M / B, rel=0.01)
+    assert flat.throughput == pytest.approx(hier.throughput / 2, rel=0.01)  # 4 replicas either way
+
+
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_ring_allreduce_closed_form(n):
     # 2(n-1) steps of M/n, each alpha + (M/n)/B

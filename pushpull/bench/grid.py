@@ -34,8 +34,13 @@ Keys (defaults in brackets):
   size relative to the tensors. A variant's ``backends`` restricts where it runs
   (compression only exists over PS).
 * ``backends`` [["ps"]]: ``ps`` and/or ``allreduce`` (gloo).
-* ``workers`` [[4]]; ``servers`` ["workers" = k = n, or a number, or a list of them];
-  ``placements`` [["colocated"]].
+* ``workers`` [[4]]: worker hosts (machines); ``local_size`` [[1]]: worker processes on each
+  (``BYTEPS_LOCAL_SIZE``; throughput counts all of them); ``local_reduce`` [["auto"]]:
+  ``PUSHPULL_LOCAL_REDUCE`` of the jobs (``on``: a host's processes reduce through shared memory first
+  and each pushes 1/local_size of every tensor; ``off``: each pushes everything); rows say whether it
+  was in force (``local_reduce_active``) and every worker host's measured link bytes per step
+  (``link_bytes``: its interface's counters, read around each strategy's timed steps);
+  ``servers`` ["workers" = k = n, or a number, or a list of them]; ``placements`` [["colocated"]].
 * ``bandwidths`` [["200mbit"]]: link rate per host and direction; ``delay``
   [none]: one-way latency (``"1ms"``); ``congestion`` ["cubic"]: every
   emulated host's TCP congestion control (``"inherit"`` = this machine's); ``auth``
@@ -93,7 +98,8 @@ AUTO_WARMUP = 10  # auto: 3 measuring + 3 confirming + 3 on a fallback + 1 with 
 BS_DEFAULTS = bs_policy.DEFAULTS
 WHOLE = 1 << 40  # a partition size no tensor reaches
 KEY_FIELDS = ("model", "strategy", "backend", "workers", "servers", "placement", "bandwidth", "delay",
-              "ratio", "grad_mb", "ps_partition_bytes", "repeat", "congestion", "auth")
+              "ratio", "grad_mb", "ps_partition_bytes", "repeat", "congestion", "auth", "local_size", "local_reduce")
+KEY_DEFAULTS = {"local_size": 1, "local_reduce": "auto"}  # what rows from before these fields ran with
 
 
 # ---------------------------------------------------------------- config --
@@ -187,15 +193,21 @@ def expand(cfg: dict) -> list[dict]:
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
-    for model, backend, n, srv, placement, bw, ratio, auth, rep in itertools.product(
+    for model, backend, n, srv, placement, bw, ratio, auth, ls, lr, rep in itertools.product(
             _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), ["ps"]),
             _list(cfg.get("workers"), [4]), _list(cfg.get("servers"), ["workers"]),
             _list(cfg.get("placements"), ["colocated"]),
             _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
-            _list(cfg.get("auth"), ["auto"]), range(int(cfg.get("repeats", 1)))):
+            _list(cfg.get("auth"), ["auto"]), _list(cfg.get("local_size"), [1]),
+            _list(cfg.get("local_reduce"), ["auto"]), range(int(cfg.get("repeats", 1)))):
         k = n if srv == "workers" else int(srv)
+        ls = int(ls)
+        lr = {True: "on", False: "off"}.get(lr, str(lr).lower())
+        if lr not in ("auto", "on", "off"):
+            raise ValueError(f"local_reduce must be auto, on or off, got {lr!r}")
         if any(all(str(dict(model=model, backend=backend, workers=n, servers=k, placement=placement, bandwidth=bw,
-                                ratio=ratio).get(key)) == str(v) for key, v in ex.items())
+                                ratio=ratio, local_size=ls, local_reduce=lr).get(key)) == str(v)
+                   for key, v in ex.items())
                for ex in cfg.get("exclude", [])):
             continue
         runs = [s for s in specs if s["backends"] is None or backend in s["backends"]]
@@ -208,7 +220,8 @@ def expand(cfg: dict) -> list[dict]:
         hosts = n if placement == "colocated" else n + k
         jobs.append({"model": model, "backend": backend, "workers": n, "servers": k, "placement": placement,
                      "bandwidth": bw, "bandwidth_bytes_s": bw_bytes, "delay": cfg.get("delay"),
-                     "congestion": cfg.get("congestion", "cubic"), "auth": auth,
+                     "congestion": cfg.get("congestion", "cubic"), "auth": auth, "local_size": ls,
+                     "local_reduce": lr,
                      "ratio": float(ratio), "grad_mb": grad_mb, "repeat": rep, "hosts": hosts,
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
@@ -219,7 +232,7 @@ def expand(cfg: dict) -> list[dict]:
 
 
 def cell_key(row: dict) -> tuple:
-    return tuple(str(row.get(f)) for f in KEY_FIELDS)
+    return tuple(str(row.get(f, KEY_DEFAULTS.get(f))) for f in KEY_FIELDS)
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -428,6 +441,23 @@ def layerwise_probe(model: str, size_scale: float = 1.0, base: str = "byteschedu
             "loadavg": list(os.getloadavg())}
 
 
+def link_counters(iface: str | None) -> tuple[int, int] | None:
+    """(received, sent) bytes of this host's interface ``iface``, from the kernel's own counters
+    (/proc/net/dev belongs to the reader's network namespace: the emulated host's)."""
+    if not iface:
+        return None
+    try:
+        with open("/proc/self/net/dev") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == iface:
+                    fields = rest.split()
+                    return int(fields[0]), int(fields[8])
+    except OSError:
+        return None
+    return None
+
+
 def child_main(spec: dict, out: str) -> int:
     import torch
 
@@ -486,12 +516,18 @@ def child_main(spec: dict, out: str) -> int:
         runs[r["name"]] = (model, opt, strategy, r["layerwise"])
     times: dict[str, list[list[float]]] = {n: [] for n in runs}
     runs_spec = {r["name"]: r for r in spec["runs"]}
+    # each host's link bytes per timed step, per strategy: its first local process reads the interface
+    iface = os.environ.get("DMLC_INTERFACE") if bps.local_rank() == 0 else None
+    link = {n: [0, 0, 0] for n in runs}  # received, sent, steps
     for rnd in range(spec["tries"]):
         for name, (model, opt, _, lw) in runs.items():
             bps.barrier()
             warm = max(spec["warmup"], runs_spec[name].get("warmup") or 0) if rnd == 0 else 1
             block = []
+            c0 = None
             for step in range(warm + spec["steps"]):
+                if step == warm:
+                    c0 = link_counters(iface)
                 t0 = time.perf_counter()
                 opt.zero_grad()
                 model(x).sum().backward()
@@ -500,7 +536,22 @@ def child_main(spec: dict, out: str) -> int:
                     opt.synchronize()
                 if step >= warm:
                     block.append(time.perf_counter() - t0)
+            c1 = link_counters(iface)
+            if c0 is not None and c1 is not None:
+                link[name] = [link[name][0] + c1[0] - c0[0], link[name][1] + c1[1] - c0[1],
+                              link[name][2] + spec["steps"]]
             times[name].append(block)
+    # every host's figures to rank 0 (a sum in which each host's first process fills its row)
+    hosts = bps.size() // bps.local_size()
+    names = list(runs)
+    table = torch.zeros(hosts, len(names), 3, dtype=torch.float64)
+    if iface:
+        table[bps.rank() // bps.local_size()] = torch.tensor([link[n] for n in names], dtype=torch.float64)
+    table = bps.push_pull(table, average=False, name="grid.link_bytes")
+    link_bytes = {n: [{"rx": t[0] / t[2], "tx": t[1] / t[2]} if t[2] else None
+                      for t in table[:, i].tolist()] for i, n in enumerate(names)}
+    eng = bps.engine()
+    local_active = bool(eng is not None and getattr(eng, "local", None) is not None)
     plans = {}
     # the (partition, credit) bytes each strategy ran with: the defaults unless the variant set them
     scheduling = {name: list(st.scheduling()) if st is not None else [None, None]
@@ -515,7 +566,8 @@ def child_main(spec: dict, out: str) -> int:
         with open(out, "w") as f:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
                        "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe,
-                       "scheduling": scheduling, "decisions": decisions}, f)
+                       "scheduling": scheduling, "decisions": decisions, "link_bytes": link_bytes,
+                       "local_reduce_active": local_active}, f)
     from pushpull.torch import allreduce_backend as allreduce
 
     allreduce.shutdown()  # also where auto joined the all-reduce group from a PS job
@@ -534,7 +586,8 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
         step = statistics.median(flat)
         row = {k: job[k] for k in ("model", "backend", "workers", "servers", "placement", "bandwidth",
                                    "bandwidth_bytes_s", "delay", "ratio", "grad_mb", "repeat", "size_scale",
-                                   "compute_scale", "batch_size", "ps_partition_bytes", "congestion", "auth")}
+                                   "compute_scale", "batch_size", "ps_partition_bytes", "congestion", "auth",
+                                   "local_size", "local_reduce")}
         row.update({
             "config": cfg["name"], "strategy": r["name"], "base_strategy": r["base"], "layerwise": r["layerwise"],
             "partition_bytes": r["partition_bytes"], "credit_bytes": r["credit_bytes"],
@@ -542,8 +595,10 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
             "t_comm_s": res["t_comm"], "t_small_s": res["t_small"], "t_stream_s": res.get("t_stream"),
             "compute_s": None, "step_s": step, "step_mean_s": statistics.mean(flat),
             "step_std_s": statistics.stdev(flat) if len(flat) > 1 else 0.0, "try_step_s": tries,
-            "throughput": job["workers"] * job["batch_size"] / step,
-            "try_throughput": [job["workers"] * job["batch_size"] / t for t in tries],
+            "throughput": job["workers"] * job["local_size"] * job["batch_size"] / step,
+            "try_throughput": [job["workers"] * job["local_size"] * job["batch_size"] / t for t in tries],
+            "local_reduce_active": res.get("local_reduce_active"),
+            "link_bytes": (res.get("link_bytes") or {}).get(r["name"]),
             "steps": len(flat), "plan": res.get("plans", {}).get(r["name"]), "job_wall_s": wall,
             "opt_probe": res.get("opt_probe"), "auto_decision": (res.get("decisions") or {}).get(r["name"]),
             # what the engine ran with (credit 0 = unlimited): defaults unless the variant set them
@@ -583,6 +638,7 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                disable=not progress, file=sys.stderr)
     steps = {"steps": int(cfg.get("steps", 4)), "warmup": int(cfg.get("warmup", 4)), "tries": int(cfg.get("tries", 3))}
     timeout = float(cfg.get("timeout", 600))
+    started = 0
     try:
         for (hosts, bw, delay, cc), gjobs in groups.items():
             with EmulatedCluster(hosts, rate=bw, delay=delay, force_loopback=loopback,
@@ -599,14 +655,17 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                         argv = [sys.executable, "-m", "pushpull.bench.grid", "--child", json.dumps(spec),
                                 "--result", res_path]
                         env = {"PUSHPULL_BACKEND": job["backend"], "PUSHPULL_AUTH": job["auth"],
-                               "BYTEPS_PARTITION_BYTES": str(job["ps_partition_bytes"])}
+                               "BYTEPS_PARTITION_BYTES": str(job["ps_partition_bytes"]),
+                               "PUSHPULL_LOCAL_REDUCE": job["local_reduce"]}
                         if cluster.emulated:
                             env["GLOO_SOCKET_IFNAME"] = cluster.iface
-                        jl = os.path.join(log_dir, f"job{stats['cells_run']}") if log_dir else None
+                        started += 1  # a failed job runs no cell: number the logs by jobs, not cells
+                        jl = os.path.join(log_dir, f"job{started - 1}") if log_dir else None
                         t0 = time.monotonic()
                         try:
                             launch_job(cluster, job["workers"], job["servers"], argv, env=env,
-                                       placement=job["placement"], log_dir=jl).wait(timeout)
+                                       placement=job["placement"], log_dir=jl,
+                                       local_size=job["local_size"]).wait(timeout)
                             with open(res_path) as f:
                                 res = json.load(f)
                         except Exception as ex:  # noqa: BLE001 - one failed job must not end the grid
@@ -653,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
         done = {cell_key(r) for r in read_rows(out)}
         for j in expand(cfg):
             todo = [r["name"] for r in j["runs"] if cell_key(dict(j, strategy=r["name"])) not in done]
-            print(f"{j['model']:<12} {j['backend']:<9} n={j['workers']} k={j['servers']} {j['placement']:<9} "
+            print(f"{j['model']:<12} {j['backend']:<9} n={j['workers']}x{j['local_size']} k={j['servers']} "
+                  f"local_reduce={j['local_reduce']} {j['placement']:<9} "
                   f"{j['bandwidth']:<8} ratio={j['ratio']:<5g} rep={j['repeat']} scale={j['size_scale']:.4g} "
                   f"compute={j['compute_scale']:.4g} pending={todo}")
         return 0

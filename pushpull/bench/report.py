@@ -26,7 +26,7 @@ from pathlib import Path
 from pushpull.cli import help_text
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
-GROUP = ("model", "backend", "workers", "servers", "placement", "bandwidth", "ratio")
+GROUP = ("model", "backend", "workers", "servers", "placement", "bandwidth", "ratio", "local_size", "local_reduce")
 
 
 def _mean_std(xs):
@@ -55,7 +55,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
                     "compute_scale": rs[0].get("compute_scale"), "size_scale": rs[0].get("size_scale"),
                     "grad_bytes": rs[0].get("grad_bytes"), "t_comm_s": statistics.median(r["t_comm_s"] for r in rs),
                     "compute_s": rs[0].get("compute_s"), "bandwidth_bytes_s": rs[0].get("bandwidth_bytes_s"),
-                    "order": min(rows.index(r) for r in rs)})
+                    "order": min(rows.index(r) for r in rs),
+                    "local_active": any(r.get("local_reduce_active") for r in rs),
+                    "link_bytes": _link_means(rs)})
     base, base_name = {}, {}
     for a in out:  # the baseline: wfbp, else the group's first strategy (e.g. wfbp+lw)
         if a["strategy"] == "wfbp" or _gkey(a) not in base:
@@ -68,6 +70,35 @@ def aggregate(rows: list[dict]) -> list[dict]:
         a["baseline"] = base_name.get(_gkey(a))
     out.sort(key=lambda a: a["order"])
     return out
+
+
+def _link_means(rs: list[dict]) -> list[dict] | None:
+    """Per worker host, the mean received and sent bytes per step over the rows (measured by the grid from
+    the host's interface counters), or None where the rows have none."""
+    per = [r.get("link_bytes") for r in rs if r.get("link_bytes")]
+    if not per or any(h is None for p in per for h in p):
+        return None
+    return [{d: statistics.mean(p[i][d] for p in per) for d in ("rx", "tx")} for i in range(len(per[0]))]
+
+
+def local_reduce_comparison(agg: list[dict]) -> list[dict]:
+    """Cells with several processes per host: the local reduce (on) against each process pushing everything
+    (off), with the bound c + M/B of one reduction per host (bounds(); a host's processes are one
+    endpoint) and the flat path's, c + local_size x M/B."""
+    flat = {_gkey(a, drop=("local_reduce",)) + (a["strategy"],): a for a in agg
+            if (a.get("local_size") or 1) > 1 and a.get("local_reduce") == "off"}
+    res = []
+    for a in agg:
+        if (a.get("local_size") or 1) > 1 and a.get("local_reduce") != "off":
+            f = flat.get(_gkey(a, drop=("local_reduce",)) + (a["strategy"],))
+            if f is None:
+                continue
+            b = bounds(a)["ps_bound_s"]
+            c = a.get("compute_s")
+            res.append({**a, "flat_step_s": f["step_s"], "speedup_over_flat": f["step_s"] / a["step_s"],
+                        "bound_s": b, "flat_bound_s": c + a["local_size"] * (b - c) if b and c is not None else None,
+                        "flat_link_bytes": f["link_bytes"], "flat_local_active": f["local_active"]})
+    return res
 
 
 def backend_comparison(agg: list[dict]) -> list[dict]:
@@ -155,9 +186,12 @@ def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
              "|---|---|---:|---:|---|---|---:|---|---:|---:|---:|"]
     for a in agg:
         sp = f"{a['speedup']:.2f}x" if a["speedup"] else "-"
-        lines.append(f"| {a['model']} | {a['backend']} | {a['workers']} | "
+        ls = a.get("local_size") or 1
+        workers = f"{a['workers']}x{ls}" if ls > 1 else a["workers"]
+        strategy = a["strategy"] + (f" (local reduce {a.get('local_reduce')})" if ls > 1 else "")
+        lines.append(f"| {a['model']} | {a['backend']} | {workers} | "
                      f"{a['servers'] if a['backend'] == 'ps' else '-'} | {a['placement']} | {_fmt_bw(a['bandwidth'])} | "
-                     f"{a['ratio']:g} | {a['strategy']} | {a['step_s'] * 1e3:.0f} | "
+                     f"{a['ratio']:g} | {strategy} | {a['step_s'] * 1e3:.0f} | "
                      f"{a['thr_mean']:.1f} ± {a['thr_std']:.1f} | {sp} |")
     cmp_ = backend_comparison(agg)
     if cmp_:
@@ -184,6 +218,37 @@ def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
             if has_ddp:
                 line += f" {ms(c['ddp_step_s'])} | {ratio(c['ddp_step_s'], c['step_s'])} |"
             lines.append(line)
+    lrc = local_reduce_comparison(agg)
+    if lrc:
+        lines += ["", "Local reduce against flat (same hosts, processes per host and strategy): step time, the "
+                  "bound c + M/B of one reduction per host (c = compute, M = gradient bytes, B = link rate; the "
+                  "flat path's is c + local_size x M/B), and every worker host's link bytes per step, sent / "
+                  "received, read from its interface's counters:", "",
+                  "| model | strategy | hosts x processes | k | placement | bandwidth | ratio | flat ms | "
+                  "hierarchical ms | speedup | bound c + M/B ms | hierarchical / bound | flat bound ms | "
+                  "flat MB/step per host (sent / received) | hierarchical MB/step per host | bytes hierarchical / "
+                  "flat | local reduce in force (hier / flat) |",
+                  "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|"]
+
+        def mb(hosts):
+            if not hosts:
+                return "-"
+            return ", ".join(f"{h['tx'] / 1e6:.2f} / {h['rx'] / 1e6:.2f}" for h in hosts)
+
+        def share(h, f):
+            if not h or not f:
+                return "-"
+            return ", ".join(f"{(x['tx'] + x['rx']) / (y['tx'] + y['rx']):.2f}" for x, y in zip(h, f))
+        for c in lrc:
+            b, fb = c["bound_s"], c["flat_bound_s"]
+            bound = f"{b * 1e3:.0f} | {c['step_s'] / b:.2f}x" if b else "- | -"
+            fbound = f"{fb * 1e3:.0f}" if fb else "-"
+            lines.append(f"| {c['model']} | {c['strategy']} | {c['workers']} x {c['local_size']} | {c['servers']} | "
+                         f"{c['placement']} | {c['bandwidth']} | {c['ratio']:g} | {c['flat_step_s'] * 1e3:.0f} | "
+                         f"{c['step_s'] * 1e3:.0f} | {c['speedup_over_flat']:.2f}x | {bound} | {fbound} | "
+                         f"{mb(c['flat_link_bytes'])} | {mb(c['link_bytes'])} | "
+                         f"{share(c['link_bytes'], c['flat_link_bytes'])} | "
+                         f"{'yes' if c['local_active'] else 'no'} / {'yes' if c['flat_local_active'] else 'no'} |")
     autos = auto_comparison(agg, rows)
     if autos:
         lines += ["", "`auto` against the best fixed choice of the cell (any backend; plain strategies):", "",

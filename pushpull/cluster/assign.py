@@ -100,18 +100,25 @@ class Assigner:
             self.load[s] += nbytes
             servers.append(s)
         result = {"key": key, "servers": servers}
+        writers = req.get("writers")  # the ranks that declare it (None: every worker; local reduce slices)
         self.tensors[name] = {"rank": rank, "decl": decl, "result": result, "ranks": {rank},
-                              "since": time.monotonic()}
+                              "since": time.monotonic(),
+                              "writers": frozenset(int(r) for r in writers) if isinstance(writers, list) else None}
         return result
 
     def misnamed(self, num_workers: int, after_s: float) -> list[tuple[str, set, str, set]]:
         """Pairs of tensors each declared by only some workers for ``after_s`` seconds, by disjoint sets of
         ranks: the signature of workers naming the same tensor differently (a slow worker declares nothing
-        the others lack, so it never matches)."""
+        the others lack, so it never matches). A tensor declared only by some ranks by design (the local
+        reduce's slices: ``writers``) waits only for those, and pairs only with one those ranks should have
+        declared too."""
         now = time.monotonic()
-        stuck = sorted((n, t["ranks"]) for n, t in self.tensors.items()
-                       if "error" not in t and len(t["ranks"]) < num_workers and now - t["since"] > after_s)
-        return [(a, ra, b, rb) for i, (a, ra) in enumerate(stuck) for b, rb in stuck[i + 1:] if not ra & rb]
+        everyone = frozenset(range(num_workers))
+        stuck = sorted((n, t["ranks"], t.get("writers") or everyone) for n, t in self.tensors.items()
+                       if "error" not in t and not (t.get("writers") or everyone) <= t["ranks"]
+                       and now - t["since"] > after_s)
+        return [(a, ra, b, rb) for i, (a, ra, wa) in enumerate(stuck) for b, rb, wb in stuck[i + 1:]
+                if not ra & rb and rb <= wa and ra <= wb]
 
     def renumber(self, ranks: dict[int, int]) -> None:
         """Elastic training renumbered the workers: ranks not in ``ranks`` are gone."""

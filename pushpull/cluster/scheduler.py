@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -56,6 +57,9 @@ class Scheduler:
         self.by_identity: dict[bytes, NodeInfo] = {}
         self.ready = False
         self.started = time.monotonic()
+        # new for every run of the job (a secret may be reused across runs): workers name their shared-memory
+        # segments with it, so a crashed run's leftovers are never mistaken for this run's
+        self.job_id = secrets.token_hex(8)
         self.barriers: dict[tuple[str, int], set[bytes]] = {}
         self.assigner: Assigner | None = None
         self.exit_code = 0
@@ -179,10 +183,12 @@ class Scheduler:
         self.ready = True
         self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
         servers = [{"rank": i, "host": s.info["host"], "port": s.info["port"]} for i, s in enumerate(self.servers)]
-        workers = [{"rank": r, "hostname": w.info.get("hostname"), "local_rank": w.info.get("local_rank")}
+        workers = [{"rank": r, "hostname": w.info.get("hostname"), "local_rank": w.info.get("local_rank"),
+                    "pid": w.info.get("pid"), "local_reduce": w.info.get("local_reduce")}
                    for r, w in sorted(self.workers.items())]
         for node in self._all():
             book = {"node_id": node.node_id, "num_workers": self.num_workers, "num_servers": self.num_servers,
+                    "job_id": self.job_id,
                     "servers": servers, "workers": workers}
             self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(book)])
         log.info("job started: %d workers, %d servers", self.num_workers, self.num_servers)

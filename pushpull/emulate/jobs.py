@@ -147,13 +147,15 @@ def _base_env(env: dict | None) -> dict:
 def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, worker_argv: Sequence[str],
                env: dict | None = None, placement: str = "colocated", port: int | None = None,
                scheduler_host: int = 0, log_dir: str | Path | None = None,
-               python: str = sys.executable, launcher: Sequence[str] | None = None) -> Job:
+               python: str = sys.executable, launcher: Sequence[str] | None = None, local_size: int = 1) -> Job:
     """Start scheduler, servers and workers of a pushpull job on ``cluster``.
 
     Worker i runs on host i; server j on host j ('colocated', as BytePS
     recommends) or on host num_workers + j ('separate'); the scheduler on
-    ``scheduler_host``. Each worker host is one BytePS worker machine with one
-    process (``BYTEPS_LOCAL_SIZE=1``). Returns the :class:`Job` at once; call
+    ``scheduler_host``. Each worker host is one BytePS worker machine running
+    ``local_size`` worker processes (``BYTEPS_LOCAL_SIZE``; the launcher on the
+    host starts them, ranks ``i * local_size + j``; with several, they reduce
+    locally first unless ``PUSHPULL_LOCAL_REDUCE=0``). Returns the :class:`Job` at once; call
     ``job.wait(timeout)``. ``launcher`` replaces ``python -m pushpull launch``
     (a stand-in for tests, or ``bpslaunch``).
     """
@@ -170,7 +172,9 @@ def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, wor
         "DMLC_NUM_SERVER": str(num_servers),
         "DMLC_INTERFACE": cluster.iface,
     })
-    base.setdefault("BYTEPS_LOCAL_SIZE", "1")
+    if local_size < 1:
+        raise ValueError(f"local_size must be >= 1, got {local_size}")
+    base["BYTEPS_LOCAL_SIZE"] = str(local_size)  # the argument, not a value left in this shell
     ensure_job_secret(base)  # this function starts every process of the job, as the local launcher does
     # up to 17 processes importing torch on this machine's cores take longer than the default 15 s
     base.setdefault("PUSHPULL_REGISTER_TIMEOUT", "120")

@@ -41,7 +41,7 @@ class Disagreement(RoundError):
         self.slot = slot
 
 
-def _disagreement(name: str, sigs: dict, num_workers: int) -> str:
+def _disagreement(name: str, sigs: dict, expected: set) -> str:
     fields = {r: describe_sig(s) for r, s in sigs.items()}
     parts = []
     for what in next(iter(fields.values())):
@@ -51,7 +51,7 @@ def _disagreement(name: str, sigs: dict, num_workers: int) -> str:
         if len(values) > 1:
             parts.append(f"{what}: " + ", ".join(f"rank(s) {rs} gave {v}" for v, rs in values.items()))
     text = f"tensor {name!r}: the workers disagree on " + "; ".join(parts)
-    later = sorted(set(range(num_workers)) - set(sigs))
+    later = sorted(expected - set(sigs))
     return text + (f" (rank(s) {later} had not pushed yet)" if later else "")
 
 
@@ -94,6 +94,9 @@ class KeyState:
     completed: int = 0  # backup keys: the highest round completed (told to pullers, so a late one catches up)
     dropped: dict = field(default_factory=dict)  # rank -> pushes dropped because their round had completed
     deferred: list = field(default_factory=list)  # (identity, msg) pushes waiting for a late rank's pull (Busy)
+    # the ranks that push this key (None: every worker). With the local reduce each machine's processes
+    # reduce together first and one of them pushes each slice, so a slice's key has one pusher per machine
+    writers: frozenset | None = None
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
@@ -102,6 +105,15 @@ class KeyState:
         """Make this a backup-workers key: ``backup`` pushes per round may be missing, ``depth`` rounds kept."""
         self.backup = backup
         self.slots = [Slot() for _ in range(max(2, depth))]
+
+    def covers(self, ranks: set) -> bool:
+        """Whether ``ranks`` (with those that joined) are every rank this key waits for."""
+        if self.writers is None:
+            return len(ranks | self.joined) >= self.num_workers
+        return self.writers <= (ranks | self.joined)
+
+    def expected(self) -> set:
+        return set(self.writers) if self.writers is not None else set(range(self.num_workers))
 
     def reset(self, num_workers: int) -> None:
         """A new generation of workers (elastic): no round survives, ``num_workers`` push each one now.
@@ -114,6 +126,9 @@ class KeyState:
             self.codec.reset()
 
     def _slot_for_push(self, rnd: int, rank: int) -> Slot:
+        if self.writers is not None and rank not in self.writers:
+            raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd}, but only rank(s) "
+                             f"{sorted(self.writers)} push this key")
         depth = len(self.slots)
         slot = self.slots[rnd % depth]
         if slot.round == rnd:
@@ -123,10 +138,9 @@ class KeyState:
         if self.backup and slot.round != -1 and slot.round == rnd - depth and rank not in slot.pulled:
             raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} before pulling round "
                              f"{slot.round}")
-        if (self.backup and slot.round != -1 and slot.round == rnd - depth
-                and len(slot.pulled | self.joined) < self.num_workers):
+        if self.backup and slot.round != -1 and slot.round == rnd - depth and not self.covers(slot.pulled):
             raise Busy()
-        if slot.round == -1 or (slot.round == rnd - depth and len(slot.pulled | self.joined) >= self.num_workers):
+        if slot.round == -1 or (slot.round == rnd - depth and self.covers(slot.pulled)):
             slot.round = rnd
             slot.pushed.clear()
             slot.pulled.clear()
@@ -141,7 +155,7 @@ class KeyState:
             if slot.acc is None:
                 slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(self.dtype, self.numel, self.op)
             return slot
-        missing = sorted(set(range(self.num_workers)) - slot.pulled)
+        missing = sorted(self.expected() - slot.pulled)
         raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} while round {slot.round} "
                          f"has not been pulled by rank(s) {missing}")
 
@@ -171,7 +185,7 @@ class KeyState:
         if slot.error is not None:
             raise Disagreement(slot.error, slot)
         if slot.sigs and sig not in slot.sigs.values():
-            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig}, self.num_workers)
+            slot.error = _disagreement(self.name, {**slot.sigs, rank: sig}, self.expected())
             raise Disagreement(slot.error, slot)
         slot.sigs[rank] = sig
         assert slot.acc is not None
@@ -188,8 +202,13 @@ class KeyState:
         return None
 
     def _enough(self, slot: Slot) -> bool:
-        """Every rank pushed or joined; with backup workers, all but ``backup`` of them (and one at least)."""
-        return bool(slot.pushed) and len(slot.pushed | self.joined) >= self.num_workers - self.backup
+        """Every rank this key waits for pushed or joined (its writers, with the local reduce); with backup
+        workers, all but ``backup`` of them (and one at least)."""
+        if not slot.pushed:
+            return False
+        if self.writers is not None:
+            return self.covers(slot.pushed)
+        return len(slot.pushed | self.joined) >= self.num_workers - self.backup
 
     def _complete(self, slot: Slot) -> None:
         result = slot.acc.result()

@@ -213,11 +213,20 @@ class Server:
         rank = h.sender
         decl = {"name": str(req.get("name")), "numel": int(h.numel), "dtype": dtype_name(h.dtype),
                 "compression": req.get("compression"), "op": str(req.get("op") or "sum"),
-                "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta")}
+                "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta"),
+                "writers": req.get("writers")}
         if decl["op"] not in ("sum", "min", "max", "product", "concat", "store") or (
                 decl["readers"] is not None and not all(isinstance(r, int) for r in decl["readers"])):
             self._error(identity, h.key, f"tensor {decl['name']!r}: op {decl['op']!r} / readers "
                                          f"{decl['readers']!r} not understood", h.req_id)
+            return
+        writers = decl["writers"]
+        if writers is not None and not (isinstance(writers, list) and writers and len(set(writers)) == len(writers)
+                                        and all(type(r) is int and 0 <= r < self.num_workers for r in writers)
+                                        and rank in writers):
+            self._error(identity, h.key, f"tensor {decl['name']!r}: rank {rank} declared writers {writers!r}: "
+                                         f"expected a list of distinct ranks below {self.num_workers} that "
+                                         f"includes the declaring rank", h.req_id)
             return
         ks = self.keys.get(h.key)
         if ks is not None:  # already initialised: a consistent re-init is answered at once
@@ -239,7 +248,9 @@ class Server:
     def _complete_init(self, key: int, pend: dict) -> None:
         """Create the key once every worker (but those that joined: they declare nothing) declared it, and
         the declarations agree."""
-        if len(set(pend["by"]) | self.joined) < self.num_workers:
+        writers = next(iter(pend["by"].values()))[2].get("writers")
+        expected = set(writers) if writers is not None else set(range(self.num_workers))
+        if not expected <= set(pend["by"]) | self.joined:
             return
         del self.pending_inits[key]
         decl = next(iter(pend["by"].values()))[2]
@@ -251,6 +262,8 @@ class Server:
                 sig += f" ({d['kind']})"
             if d["readers"] is not None:
                 sig += f" received by {d['readers']}"
+            if d.get("writers") is not None:
+                sig += f" pushed by {sorted(d['writers'])}"
             for k, v in sorted((d["meta"] or {}).items()):
                 sig += f" {k}={v}"
             variants.setdefault(sig, []).append(r)
@@ -273,6 +286,7 @@ class Server:
         ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
         ks.op = decl["op"]
         ks.readers = frozenset(decl["readers"]) if decl["readers"] is not None else None
+        ks.writers = frozenset(decl["writers"]) if decl.get("writers") is not None else None
         if decl["compression"]:
             try:
                 from pushpull.server.codec import ServerCodec
@@ -299,6 +313,10 @@ class Server:
         if decl["op"] != "sum" or decl["compression"]:
             return (f"tensor {decl['name']!r}: backup workers need a plain sum (op {decl['op']!r}, compression "
                     f"{decl['compression']!r} asked)")
+        if decl.get("writers") is not None:
+            return (f"tensor {decl['name']!r}: backup workers and the local reduce (PUSHPULL_LOCAL_REDUCE) do not "
+                    f"combine: a round that completes without a machine would leave its local peers without "
+                    f"their slice; set PUSHPULL_LOCAL_REDUCE=0 to use PUSHPULL_BACKUP_WORKERS={backup}")
         return None
 
     def dropped_summary(self) -> str:
@@ -321,9 +339,13 @@ class Server:
         if self.sparse.owns(h.key):
             self.sparse.status(identity, h)
             return
-        everyone = set(range(self.num_workers))
         pend = self.pending_inits.get(h.key)
         ks = self.keys.get(h.key)
+        everyone = set(range(self.num_workers))
+        if ks is not None:
+            everyone = ks.expected()
+        elif pend is not None and next(iter(pend["by"].values()))[2].get("writers") is not None:
+            everyone = set(next(iter(pend["by"].values()))[2]["writers"])
         if pend is not None:
             have, stage = set(pend["by"]), "declared it"
         elif ks is not None:
@@ -341,8 +363,10 @@ class Server:
         now = time.monotonic()
         for key, pend in list(self.pending_inits.items()):
             if now - pend["since"] > self.cfg.timeout:
-                missing = sorted(set(range(self.num_workers)) - set(pend["by"]))
-                name = next(iter(pend["by"].values()))[2]["name"]
+                decl = next(iter(pend["by"].values()))[2]
+                expected = set(decl["writers"]) if decl.get("writers") is not None else set(range(self.num_workers))
+                missing = sorted(expected - set(pend["by"]))
+                name = decl["name"]
                 text = (f"tensor {name!r}: rank(s) {missing} never declared it within {self.cfg.timeout:.0f}s "
                         f"(ranks {sorted(pend['by'])} did); do all workers push_pull the same tensors?")
                 for ident, req_id, _ in pend["by"].values():

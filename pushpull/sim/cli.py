@@ -35,6 +35,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
     p.add_argument("--colocated", action="store_true", help="servers share the workers' machines (BytePS layout)")
     p.add_argument("--local-size", default="1", help="devices per worker machine, reduced locally (default 1)")
+    p.add_argument("--no-local-reduce", action="store_true",
+                   help="each of the --local-size processes pushes every tensor over the machine's NIC "
+                        "(PUSHPULL_LOCAL_REDUCE=0; PS backend)")
     p.add_argument("--sum-rate", help="server summation rate, e.g. 5GB/s (default: free)")
     p.add_argument("--ps-partition-bytes", default="4096000", help="PS key sharding size (default 4096000)")
     p.add_argument("--compute-scale", default="1", help="multiply profile compute times (GPU k x faster: 1/k)")
@@ -89,6 +92,7 @@ def _cluster(a, **over) -> ClusterConfig:
         latency=_wrap(parse_duration, a.latency, "--latency"),
         colocated=a.colocated,
         local_size=_int(a.local_size, "--local-size"),
+        local_reduce=not a.no_local_reduce,
         sum_rate=_wrap(parse_bandwidth, a.sum_rate, "--sum-rate") if a.sum_rate else None,
         ps_partition_bytes=_wrap(parse_bytes, a.ps_partition_bytes, "--ps-partition-bytes"),
     )

@@ -49,7 +49,12 @@ class ClusterConfig:
     ``workers`` are network endpoints (machines). Each may hold ``local_size``
     devices whose gradients are reduced locally (NVLink/PCIe, assumed free)
     before one copy crosses the network, as BytePS and NCCL's hierarchical
-    rings do; throughput counts ``workers * local_size`` replicas.
+    rings do; throughput counts ``workers * local_size`` replicas. With
+    ``local_reduce=False`` (PUSHPULL_LOCAL_REDUCE=0) each of a machine's
+    processes pushes and pulls every tensor over the shared NIC, so every
+    link carries ``local_size`` copies: the PS network is modelled with every
+    NIC's rate divided by ``local_size`` (the fluid model's exact equivalent;
+    per-message latency is not multiplied). PS backend only.
     """
     workers: int
     bandwidth: float                    # bytes/s per host NIC, each direction
@@ -62,6 +67,7 @@ class ClusterConfig:
     ps_partition_bytes: int = 4_096_000 # PS shards keys at this size (BYTEPS_PARTITION_BYTES)
     local_size: int = 1                 # devices per worker machine
     message_s: float = 0.0              # per-message CPU time on a worker (FIFO, overlaps the wire)
+    local_reduce: bool = True           # False: each device pushes everything over the machine's NIC
 
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -86,6 +92,8 @@ class ClusterConfig:
             raise ValueError(f"ps_partition_bytes must be an integer >= 1, got {self.ps_partition_bytes!r}")
         if not isinstance(self.local_size, int) or self.local_size < 1:
             raise ValueError(f"local_size must be an integer >= 1, got {self.local_size!r}")
+        if not self.local_reduce and self.backend != "ps" and self.local_size > 1:
+            raise ValueError("local_reduce: local_reduce=False is modelled for the PS backend only")
         if not (self.message_s >= 0) or math.isinf(self.message_s):
             raise ValueError(f"message_s must be a finite number >= 0 s, got {self.message_s!r}")
         if self.colocated and self.servers > self.workers:

@@ -159,7 +159,10 @@ class CommPhase:
         self.admissions: list[tuple[float, int, int]] = []   # (t, inflight before, bytes)
         n, k = cluster.workers, cluster.servers
         if cluster.backend == "ps":
-            self.net = PSNetwork(n, k, cluster.bandwidth, cluster.server_bandwidth, cluster.colocated)
+            # flat path with several processes per machine: every NIC carries local_size copies
+            share = 1 if cluster.local_reduce else cluster.local_size
+            self.net = PSNetwork(n, k, cluster.bandwidth / share, cluster.server_bandwidth / share,
+                                 cluster.colocated)
             self.server_free = [0.0] * k
             self.server_load = [0.0] * k
         else:

@@ -99,7 +99,9 @@ def cell(row: dict, i: int = 0, profiles: dict | None = None, latency: float = 5
         extra["ps_partition_bytes"] = int(parse_bytes(row["ps_partition_bytes"], f"{where}.ps_partition_bytes"))
     cluster = ClusterConfig(workers=int(row["workers"]), servers=int(servers) if servers else None, bandwidth=bw,
                             backend=str(row["backend"]), latency=lat, colocated=colocated,
-                            local_size=int(row.get("local_size", 1)), message_s=msg, **extra)
+                            local_size=int(row.get("local_size", 1)), message_s=msg,
+                            local_reduce=bool(row.get("local_reduce_active", row.get("local_reduce") != "off")),
+                            **extra)
     strat = make_strategy(str(row.get("base_strategy") or row["strategy"]))
     if isinstance(strat, ByteScheduler):
         if row.get("partition_bytes"):
@@ -135,7 +137,8 @@ def validate(measured_rows, profiles: dict[str, Profile] | None = None, latency:
       (MG-WFBP buffer sizes in gradients, ready order: the plan the run used);
     * ``layerwise`` (default True: layer-wise updates), ``compute_clock``
       (``deadline`` for the emulated cluster's sleep replay);
-    * ``colocated`` or ``placement``, ``local_size``, ``ps_partition_bytes``;
+    * ``colocated`` or ``placement``, ``local_size``, ``local_reduce_active`` (or ``local_reduce``:
+      ``off`` = each process pushes everything), ``ps_partition_bytes``;
     * calibration: ``latency`` (s per message), ``message_s`` (per-message
       CPU time, see ClusterConfig); the optimizer on the training thread:
       ``update_s`` (per tensor, layer-wise updates), ``step_call_s`` (per

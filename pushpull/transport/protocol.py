@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pushpull import dtypes as _dt
 
 MAGIC = 0x5050  # "PP"
-VERSION = 6  # 6: sparse tables (SPARSE_* messages); 5: round signatures, concat offsets, ABORT, INIT op/readers
+VERSION = 7  # 7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
+#             the address book's job_id; 6: sparse tables (SPARSE_* messages); 5: round signatures, concat
+#             offsets, ABORT, INIT op/readers
 
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra, gen
 # gen: the membership generation (elastic training): a message from before a change of workers is stale

@@ -52,17 +52,23 @@ class KeySpec:
     ``op``: what the server does with a round's pushes (``concat``: each rank writes its bytes at its
     offset). ``readers``: the ranks that receive the result (None: all); the others are answered an
     empty body when the round completes, so a slice is routed only where it is needed. ``numel``:
-    bytes of a concat key (its pushes are slices). ``meta``: (field, value) pairs that must agree."""
+    bytes of a concat key (its pushes are slices). ``meta``: (field, value) pairs that must agree.
+    ``writers``: the ranks that push the key (None: all); the local reduce's slices have one per machine
+    (:mod:`pushpull.worker.local_reduce`)."""
 
     kind: str = "allreduce"
     op: str = "sum"
     readers: tuple | None = None
     numel: int = 0
     meta: tuple = ()
+    writers: tuple | None = None
 
     def declaration(self) -> dict:
-        return {"kind": self.kind, "op": self.op, "readers": list(self.readers) if self.readers is not None else None,
-                "meta": dict(self.meta) or None}
+        d = {"kind": self.kind, "op": self.op, "readers": list(self.readers) if self.readers is not None else None,
+             "meta": dict(self.meta) or None}
+        if self.writers is not None:
+            d["writers"] = list(self.writers)
+        return d
 
 
 PLAIN = KeySpec()
@@ -77,6 +83,8 @@ def _describe_spec(spec: KeySpec) -> str:
     text = f"{spec.kind} (op {spec.op}"
     if spec.readers is not None:
         text += f", received by rank(s) {list(spec.readers)}"
+    if spec.writers is not None:
+        text += f", pushed by rank(s) {list(spec.writers)}"
     for k, v in spec.meta:
         text += f", {k} {v}"
     return text + ")"
@@ -167,7 +175,8 @@ class Engine:
         self.inv_size = 1.0 / ident.size
         self.van = Van(f"worker{ident.rank}", batch_bytes=cfg.batch_bytes, auth=auth_for(cfg, "worker"))
         self.member = Member(self.van, cfg, {"role": "worker", "rank": ident.rank, "size": ident.size,
-                                             "local_rank": ident.local_rank, "local_size": ident.local_size},
+                                             "local_rank": ident.local_rank, "local_size": ident.local_size,
+                                             "local_reduce": cfg.local_reduce},
                              on_message=self._scheduler_message)
         self.member.on_failure(self._fail_all)
         self.entries: dict[str, Entry] = {}
@@ -196,6 +205,8 @@ class Engine:
         self.changed_reason = ""
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
+        self.local = None  # LocalReduce, when this machine's processes reduce together first
+        self.local_reason = ""  # why not, when local_size > 1 and it is off
         self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
         # BYTEPS_THREADPOOL_SIZE: compression and decompression off the communication thread, in parallel
         # (their NumPy/torch kernels release the GIL), so that a large compressed model does not serialise
@@ -227,8 +238,26 @@ class Engine:
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     worker_identity(self.rank), self._server_message)
+        self._start_local_reduce(book)
         self.started = True
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)
+
+    def _start_local_reduce(self, book: dict) -> None:
+        """Reduce with this machine's other processes first (pushpull.worker.local_reduce), when every worker
+        can: decided from the address book, the same on every worker."""
+        from pushpull.transport.security import job_secret
+        from pushpull.worker.local_reduce import LocalReduce
+
+        ident = self.ident
+        if ident.local_size <= 1:
+            return
+        args, why = LocalReduce.plan(book, self.rank, ident.local_rank, ident.local_size, self.cfg.local_reduce,
+                                     self.servers_local, self.cfg.min_workers, job_secret(self.cfg))
+        if args is None:
+            self.local_reason = why
+            log.info("worker %d: no local reduce (%s): every process pushes whole tensors", self.rank, why)
+            return
+        self.local = LocalReduce(self, timeout=self.cfg.timeout, **args)
 
     def shutdown(self) -> None:
         """Leave the job: tell the scheduler, and wait until every worker has (so servers outlive the last
@@ -240,6 +269,8 @@ class Engine:
 
     def stop(self) -> None:
         """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
+        if self.local is not None:
+            self.local.close()
         for close in self.closers:
             close()
         if self.direct is not None:
@@ -352,7 +383,18 @@ class Engine:
         ``spec``: what the key is (op, readers, ...; :class:`KeySpec`); ``sig``: this round's signature, which
         every worker must send equal (the server fails the round on every rank otherwise); ``offset``: for a
         concat key, the byte offset of this rank's ``tensor`` in the key. A rank that is not among the key's
-        readers gets no output (the handle's output is None)."""
+        readers gets no output (the handle's output is None).
+
+        With the local reduce, sums go through this machine's other processes first (each pushes a slice)."""
+        if self.local is not None and self.local.applies(spec):
+            self.raise_if_changed(name)
+            return self.local.submit(tensor, output, name, average, priority, compression, spec, sig)
+        return self._submit_flat(tensor, output, name, average, priority, compression, spec, sig, offset)
+
+    def _submit_flat(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool,
+                     priority: int = 0, compression: dict | None = None, spec: KeySpec = PLAIN, sig: int = 0,
+                     offset: int = 0) -> Handle:
+        """:meth:`submit` without the local reduce: this process pushes ``tensor`` itself."""
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported; "
                             f"use one of {sorted(DTYPE_NAME[d] for d in SUPPORTED)}")
@@ -544,7 +586,8 @@ class Engine:
         self.assign_waiting[self._req] = e
         self.member.send(Header(MsgType.ASSIGN, req_id=self._req),
                          [encode_json({"name": e.name, "shape": list(e.shape), "dtype": DTYPE_NAME[e.dtype],
-                                       "parts": [p.nbytes for p in e.parts]})])
+                                       "parts": [p.nbytes for p in e.parts],
+                                       **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})])
 
     def _on_assigned(self, e: Entry, result: dict) -> None:
         base = int(result["key"])
@@ -882,6 +925,10 @@ class Engine:
         the others' rounds without it (it contributes nothing, as if it pushed zeros to a sum); then every
         worker's rounds start again and all are released with the rank that joined last. Waits as long as the
         others train, checking that the cluster is alive."""
+        if self.local is not None:
+            raise PushPullError(f"join() is not available with the local reduce (BYTEPS_LOCAL_SIZE="
+                                f"{self.ident.local_size}): a machine's processes reduce each tensor together; set "
+                                f"PUSHPULL_LOCAL_REDUCE=0 to use join()")
         self._join_done.clear()
         while self.ops or self.queue:  # its own reductions first: a push after JOIN would come too late
             if self.member.failure:
@@ -1011,7 +1058,8 @@ class Engine:
     def wait(self, handle: Handle, timeout: float | None = None):
         """Block until ``handle`` completes; a dead cluster or a timeout raises."""
         try:
-            return handle.wait_alive(timeout or self.cfg.timeout, lambda: self.member.failure)
+            failure = (lambda: self.member.failure) if self.local is None else self.local.failure_text
+            return handle.wait_alive(timeout or self.cfg.timeout, failure)
         except WorkersChanged:
             self.changed_unseen = False  # the caller knows now: its next operations belong to the new job
             raise
