@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_cases import assert_case, shape_runner
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "scripts" / "pp_worker.py")
 
@@ -42,31 +44,22 @@ ALL_CASES = ["dtypes", "partitions", "many", "rounds", "direct", "overlap", "pri
 @pytest.fixture(scope="module")
 def shape_runs():
     """One launch per cluster shape, shared by that shape's cases (each case is its own reported test)."""
-    runs: dict = {}
-
-    def run(shape: str) -> tuple[int, str]:
-        if shape not in runs:
-            workers, servers, engines = SHAPES[shape]
-            env = {"BYTEPS_PARTITION_BYTES": "40000"}
-            if engines is not None:
-                env["BYTEPS_SERVER_ENGINE_THREAD"] = engines
-            if workers == 1:
-                env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker, but through a real server
-            res = launch(workers, servers, "all", env=env)
-            runs[shape] = (workers, res.stdout + res.stderr)
-        return runs[shape]
-    return run
+    def launch_shape(shape: str):
+        workers, servers, engines = SHAPES[shape]
+        env = {"BYTEPS_PARTITION_BYTES": "40000"}
+        if engines is not None:
+            env["BYTEPS_SERVER_ENGINE_THREAD"] = engines
+        if workers == 1:
+            env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker, but through a real server
+        return workers, launch(workers, servers, "all", env=env)
+    return shape_runner(launch_shape)
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_case_across_cluster_shapes(shape_runs, shape, case):
     workers, out = shape_runs(shape)
-    ok = out.count(f"case {case} ok on rank")
-    if ok != workers:
-        lines = [ln for ln in out.splitlines() if f"case {case} " in ln or "FAIL" in ln or "Error" in ln]
-        pytest.fail(f"case {case!r} passed on {ok} of {workers} workers:\n" + "\n".join(lines[-30:]) + "\n---\n"
-                    + out[-2500:])
+    assert_case(out, case, workers)
 
 
 def test_every_case_of_all_is_tested():

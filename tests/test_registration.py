@@ -3,6 +3,7 @@ without the launcher, as on several machines, on loopback."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -79,9 +80,14 @@ def test_missing_worker_is_named_within_20s_with_progress_on_the_way(scenarios):
 
 
 def test_worker_without_scheduler_says_it_timed_out_within_20s(scenarios):
+    """The node gives up PUSHPULL_REGISTER_TIMEOUT + 3 s after it began registering (its own clock, in the
+    message); the wall-clock bound adds its start-up (Python and torch imports), which takes several seconds
+    when the fixture starts nine processes at once on two cores."""
     outs, took = scenarios["no scheduler"]
-    assert took < 21, took  # started ~1 s before the clock of the fixture
     assert "registration timed out" in outs[0] and "no answer from the scheduler" in outs[0], outs[0][-2000:]
+    waited = re.search(r"no answer from the scheduler at \S+ within (\d+)s", outs[0])
+    assert waited and int(waited.group(1)) <= 19, outs[0][-2000:]
+    assert took < 30, took
 
 
 def test_duplicate_worker_id_fails_both_within_20s_naming_it(scenarios):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_cases import assert_case, shape_runner
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "scripts" / "api_worker.py")
 EXAMPLE = str(ROOT / "examples" / "train_digits.py")
@@ -50,27 +52,18 @@ SHAPES = {"2w-1s": (2, 1), "3w-2s": (3, 2), "alone": (1, 0)}  # alone: size()==1
 @pytest.fixture(scope="module")
 def shape_runs():
     """One launch per shape, shared by its cases (each case is its own reported test)."""
-    runs: dict = {}
-
-    def run(shape: str) -> tuple[int, str]:
-        if shape not in runs:
-            workers, servers = SHAPES[shape]
-            res = (alone([sys.executable, WORKER, "all"]) if servers == 0
-                   else launch(workers, servers, [sys.executable, WORKER, "all"]))
-            runs[shape] = (workers, res.stdout + res.stderr)
-        return runs[shape]
-    return run
+    def launch_shape(shape: str):
+        workers, servers = SHAPES[shape]
+        return workers, (alone([sys.executable, WORKER, "all"]) if servers == 0
+                         else launch(workers, servers, [sys.executable, WORKER, "all"]))
+    return shape_runner(launch_shape)
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_api_case(shape_runs, shape, case):
     workers, out = shape_runs(shape)
-    ok = out.count(f"case {case} ok on rank")
-    if ok != workers:
-        lines = [ln for ln in out.splitlines() if f"case {case} " in ln or "FAIL" in ln or "Error" in ln]
-        pytest.fail(f"case {case!r} passed on {ok} of {workers} workers:\n" + "\n".join(lines[-30:]) + "\n---\n"
-                    + out[-2500:])
+    assert_case(out, case, workers)
 
 
 def test_every_case_is_tested():

@@ -12,12 +12,12 @@ import argparse
 import copy
 import math
 import os
-import time
 
 import torch
 from torch import nn
 
 import pushpull.torch as bps
+from cases import run_cases
 
 D_IN, HIDDEN, D_OUT = 6, 16, 3
 LOSS = nn.CrossEntropyLoss()
@@ -562,21 +562,7 @@ def main() -> None:
     torch.set_num_threads(1)  # several workers share this machine's cores
     bps.init()
     cases = list(CASES) if "all" in args.cases else args.cases
-    failed = []
-    for c in cases:  # each case reports on its own line, and a failed one does not stop the rest
-        t = time.monotonic()
-        try:
-            CASES[c]()
-        except Exception as e:  # noqa: BLE001 - reported per case; the test names it
-            failed.append(c)
-            print(f"case {c} FAIL on rank {bps.rank()}/{bps.size()}: {e!r}", flush=True)
-            continue
-        print(f"case {c} ok on rank {bps.rank()}/{bps.size()} in {time.monotonic() - t:.2f}s", flush=True)
-    if failed:
-        print(f"FAILED cases {failed} on rank {bps.rank()}", flush=True)
-        os._exit(3)  # a clean exit would wait for the other workers, who may wait for this one
-    bps.shutdown()
-    print("ALL-OK", flush=True)
+    run_cases(CASES, cases, bps.rank(), bps.size(), bps.shutdown)
 
 
 if __name__ == "__main__":

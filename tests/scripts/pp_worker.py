@@ -6,13 +6,12 @@ rank and size, and exits non-zero with a message when something is wrong.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
 
 import pushpull.torch as bps
+from cases import run_cases
 from pushpull.torch import ops
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -278,22 +277,7 @@ def main() -> None:
     bps.init()
     cases = [c for c in CASES if c not in ("mismatch", "hang", "caught", "lonely", "misnamed")] if "all" in args.cases else args.cases
     rank, size = bps.rank(), bps.size()  # cases may shut down ("caught")
-    failed = []
-    for c in cases:  # each case reports on its own line, and a failed one does not stop the rest
-        t = time.monotonic()
-        try:
-            CASES[c]()
-        except Exception as e:  # noqa: BLE001 - reported per case; the test names it
-            failed.append(c)
-            print(f"case {c} FAIL on rank {rank}/{size}: {e!r}", flush=True)
-            continue
-        print(f"case {c} ok on rank {rank}/{size} in {time.monotonic() - t:.2f}s", flush=True)
-    if failed:
-        print(f"FAILED cases {failed} on rank {rank}", flush=True)
-        sys.stdout.flush()
-        os._exit(3)  # a clean exit would wait for the other workers, who may wait for this one
-    bps.shutdown()
-    print("ALL-OK", flush=True)
+    run_cases(CASES, cases, rank, size, bps.shutdown)
 
 
 if __name__ == "__main__":
