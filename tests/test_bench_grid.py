@@ -71,6 +71,19 @@ def test_layerwise_probe_measures_the_optimizer_paths():
     assert res["step_lw_s"] > 0 and res["step_s"] > 0 and res["wake_s"] > 0
 
 
+def _namespaces_grid(config: str, out) -> list[dict]:
+    """Run benchmarks/configs/<config>.json on the emulated cluster into ``out``; its rows (namespaces are
+    removed afterwards whatever happened)."""
+    cfg = ROOT / "benchmarks" / "configs" / f"{config}.json"
+    try:
+        r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "grid", str(cfg), "--out", str(out),
+                            "--no-progress"], capture_output=True, text=True, timeout=200, cwd=ROOT)
+    finally:
+        subprocess.run([sys.executable, "-m", "pushpull", "cluster", "cleanup"], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
 @pytest.mark.timeout(240)
 def test_ps_vs_ring_cell_on_namespaces(tmp_path):
     """The PS-vs-ring grid at its smallest: both backends on the same shaped cluster, the report's
@@ -83,14 +96,7 @@ def test_ps_vs_ring_cell_on_namespaces(tmp_path):
     expected_cc = ("cubic" if congestion_selectable("cubic")
                    else open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip())
     out = tmp_path / "smoke_ps_vs_ring.jsonl"
-    cfg = ROOT / "benchmarks" / "configs" / "smoke_ps_vs_ring.json"
-    try:
-        r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "grid", str(cfg), "--out", str(out),
-                            "--no-progress"], capture_output=True, text=True, timeout=200, cwd=ROOT)
-    finally:
-        subprocess.run([sys.executable, "-m", "pushpull", "cluster", "cleanup"], capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = {row["backend"]: row for row in map(json.loads, out.read_text().splitlines())}
+    rows = {row["backend"]: row for row in _namespaces_grid("smoke_ps_vs_ring", out)}
     assert set(rows) == {"ps", "allreduce"}
     for row in rows.values():
         # cubic where the machine lets a namespace pick it, else the machine's own (with a warning)
@@ -163,14 +169,7 @@ def test_local_reduce_cell_on_namespaces(tmp_path):
     if reason is not None:
         pytest.skip(f"network namespaces unavailable: {reason}")
     out = tmp_path / "smoke_hierarchical.jsonl"
-    cfg = ROOT / "benchmarks" / "configs" / "smoke_hierarchical.json"
-    try:
-        r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "grid", str(cfg), "--out", str(out),
-                            "--no-progress"], capture_output=True, text=True, timeout=200, cwd=ROOT)
-    finally:
-        subprocess.run([sys.executable, "-m", "pushpull", "cluster", "cleanup"], capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = {row["local_reduce"]: row for row in map(json.loads, out.read_text().splitlines())}
+    rows = {row["local_reduce"]: row for row in _namespaces_grid("smoke_hierarchical", out)}
     assert set(rows) == {"on", "off"}
     assert rows["on"]["local_reduce_active"] is True and rows["off"]["local_reduce_active"] is False
     for h_on, h_off in zip(rows["on"]["link_bytes"], rows["off"]["link_bytes"]):
