@@ -11,6 +11,7 @@ what it accepts, instead of a hang or a late crash.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -326,26 +327,141 @@ SETTINGS: tuple[Setting, ...] = (
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
-    """Resolved settings; build with :func:`load_config`."""
+    """Resolved settings, one typed attribute per row of :data:`SETTINGS` (same names, same order);
+    build with :func:`load_config` (or :meth:`defaults`), change with :meth:`replace`.
 
-    values: dict[str, Any] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
+    The attributes are written out, not generated, so that a type checker and an editor know them; a
+    check at import (and ``tests/unit/test_config.py``) keeps them and the table the same list, and
+    a misspelt attribute is an ``AttributeError`` at once. ``sources`` says where each value came from
+    (the variable that set it, or ``"default"``).
+    """
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    # --- cluster / roles
+    role: str
+    root_uri: str
+    root_port: int
+    num_worker: int
+    num_server: int
+    worker_id: int | None
+    node_host: str | None
+    interface: str | None
+    bind_host: str | None
+    local_rank: int | None
+    local_size: int | None
+    local_reduce: str
+    force_distributed: bool
+    # --- worker data path
+    partition_bytes: int
+    scheduling_credit: int | None
+    min_compress_bytes: int
+    keep_freed_buffers: bool
+    batch_bytes: int
+    direct_bytes: int
+    threadpool_size: int
+    key_hash_fn: str
+    strategy: str
+    backend: str
+    fusion_threshold_bytes: int
+    fusion_cycle_ms: float
+    strategy_warmup_steps: int
+    mgwfbp_alpha: float | None
+    mgwfbp_beta: float | None
+    bytescheduler_partition_bytes: int | None
+    bytescheduler_credit_bytes: int | None
+    allreduce_port: int | None
+    # --- server
+    server_engine_thread: int
+    server_enable_schedule: bool
+    enable_async: bool
+    backup_workers: int
+    backup_rounds: int
+    # --- security
+    auth: str
+    secret: str | None = field(repr=False)  # never printed
+    max_message_bytes: int
+    server_max_keys: int
+    sparse_max_table_bytes: int
+    allow_pickle: bool
+    secret_file: str | None
+    # --- elastic training
+    min_workers: int
+    # --- liveness
+    timeout: float
+    register_timeout: float
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    # --- observability
+    log_level: str
+    trace_on: bool
+    trace_start_step: int
+    trace_end_step: int
+    trace_dir: str
+    # --- auto-tuning
+    autotune: bool
+    autotune_startup_trials: int
+    autotune_trials: int
+    autotune_window: int
+    autotune_warmup: int
+    autotune_sampler: str
+    autotune_scale: float | None
+    autotune_seed: int
+    autotune_log: str | None
+
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def defaults(cls) -> "Config":
+        """Every setting at its documented default, whatever the environment says: the values the
+        simulator and the benchmarks assume when they model or launch an out-of-the-box job."""
+        return cls(**{s.name: s.default for s in SETTINGS}, sources={s.name: "default" for s in SETTINGS})
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """name -> value of every setting, in the table's order."""
+        return {s.name: getattr(self, s.name) for s in SETTINGS}
 
     def replace(self, **kw: Any) -> "Config":
+        """A copy with some settings changed (not re-validated, as a caller that sets one knows it)."""
         unknown = set(kw) - set(_BY_NAME)
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        values = dict(self.values)
-        values.update(kw)
-        return Config(values, dict(self.sources))
+        return dataclasses.replace(self, **kw, sources=dict(self.sources))
+
+
+def _check_fields() -> None:
+    """Config's attributes are the table's names in the table's order: a setting added to one and not
+    the other fails at import, naming it."""
+    attrs = [f.name for f in dataclasses.fields(Config) if f.name != "sources"]
+    names = [s.name for s in SETTINGS]
+    if attrs != names:
+        missing, extra = [n for n in names if n not in attrs], [a for a in attrs if a not in names]
+        raise ImportError(f"pushpull.config: Config's attributes and SETTINGS differ: settings without an "
+                          f"attribute {missing}, attributes without a setting {extra}"
+                          + ("" if missing or extra else " (same names, different order)"))
+
+
+_check_fields()
+DEFAULTS: Config = Config.defaults()  # read-only: the simulator's, the grid's and the codecs' defaults
+
+
+def setting(name: str) -> Setting:
+    """The table's row for ``name`` (a ``KeyError`` names an unknown one)."""
+    return _BY_NAME[name]
+
+
+def env_source(name: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """``(variable, raw value)`` that sets setting ``name`` in ``env`` (default ``os.environ``), as
+    :func:`load_config` picks it: the ``PUSHPULL_*`` name first, then the aliases; None when unset.
+    For a launcher that must act on one setting before the whole configuration is read."""
+    env = os.environ if env is None else env
+    s = _BY_NAME[name]
+    for var in (s.env, *s.aliases):
+        raw = env.get(var)
+        if raw is not None:
+            return var, raw
+    return None
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
@@ -358,20 +474,17 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in SETTINGS:
-        for var in (s.env, *s.aliases):
-            raw = env.get(var)
-            if raw is None:
-                continue
-            try:
-                values[s.name] = s.parse(raw)
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"{var}={raw!r} is invalid: {e}; {var} accepts {s.accepts}") from None
-            sources[s.name] = var
-            break
-        else:
-            values[s.name] = s.default
-            sources[s.name] = "default"
-    cfg = Config(values, sources)
+        found = env_source(s.name, env)
+        if found is None:
+            values[s.name], sources[s.name] = s.default, "default"
+            continue
+        var, raw = found
+        try:
+            values[s.name] = s.parse(raw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{var}={raw!r} is invalid: {e}; {var} accepts {s.accepts}") from None
+        sources[s.name] = var
+    cfg = Config(**values, sources=sources)
     _check_consistency(cfg)
     return cfg
 
@@ -445,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pushpull config: {e}")
         return 2
     for s in SETTINGS:
-        value = cfg.values[s.name]
+        value = getattr(cfg, s.name)
         if s.name == "secret" and value:
             value = "<set, not shown>"
         print(f"{s.env:<36} {value!s:<16} ({cfg.sources[s.name]})")

@@ -1,9 +1,15 @@
-"""Configuration: aliases, validation messages, and docs kept in sync."""
+"""Configuration: aliases, validation messages, docs kept in sync, typed attributes, and every
+documented setting read by the code."""
+import dataclasses
+import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
 
-from pushpull.config import SETTINGS, ConfigError, load_config, markdown_table, worker_identity
+from pushpull.config import (DEFAULTS, SETTINGS, Config, ConfigError, env_source, load_config, markdown_table,
+                             worker_identity)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,3 +73,70 @@ def test_rank_from_byteps_torchrun_slurm_and_mpi():
         assert (ident.rank, ident.size, ident.local_rank, ident.local_size, ident.source) == (3, 4, 1, 2, src)
     with pytest.raises(ConfigError, match="DMLC_WORKER_ID"):
         worker_identity(load_config({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2"}), {})
+
+
+def test_config_has_one_typed_attribute_per_setting_holding_its_default_type():
+    hints = typing.get_type_hints(Config)
+    assert [f.name for f in dataclasses.fields(Config) if f.name != "sources"] == [s.name for s in SETTINGS]
+    for s in SETTINGS:
+        hint = hints[s.name]
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        assert type(s.default) in allowed, f"{s.env}: default {s.default!r} is not a {hint}"
+
+
+def test_a_misspelt_setting_is_an_attribute_error_and_settings_cannot_be_assigned():
+    cfg = load_config({})
+    with pytest.raises(AttributeError, match="partiton_bytes"):
+        cfg.partiton_bytes  # noqa: B018 - the typo is the point
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.partition_bytes = 1
+
+
+def test_replace_changes_the_named_setting_keeps_the_sources_and_refuses_unknown_names():
+    cfg = load_config({"BYTEPS_PARTITION_BYTES": "8192000"})
+    new = cfg.replace(direct_bytes=0)
+    assert (new.direct_bytes, cfg.direct_bytes, new.partition_bytes) == (0, 65536, 8192000)
+    assert new.sources["partition_bytes"] == "BYTEPS_PARTITION_BYTES"
+    with pytest.raises(ConfigError, match="partiton_bytes"):
+        cfg.replace(partiton_bytes=1)
+
+
+def test_defaults_ignore_the_environment(monkeypatch):
+    monkeypatch.setenv("BYTEPS_PARTITION_BYTES", "8192000")
+    assert DEFAULTS == Config.defaults() == load_config({})
+    assert Config.defaults().partition_bytes == 4096000 and load_config().partition_bytes == 8192000
+
+
+def test_env_source_prefers_the_pushpull_name_as_load_config_does():
+    env = {"DMLC_ROLE": "server", "PUSHPULL_ROLE": "scheduler"}
+    assert env_source("role", env) == ("PUSHPULL_ROLE", "scheduler") and load_config(env).role == "scheduler"
+    assert env_source("role", {"DMLC_ROLE": "server"}) == ("DMLC_ROLE", "server")
+    assert env_source("role", {}) is None
+
+
+def test_the_secret_is_not_in_the_config_repr():
+    assert "s3cr3t" not in repr(load_config({"PUSHPULL_SECRET": "s3cr3t"}))
+
+
+def test_every_documented_setting_is_read_by_the_code():
+    """A row of docs/configuration.md that nothing reads would be a setting that does nothing."""
+    pkg = ROOT / "pushpull"
+    text = "\n".join(p.read_text() for p in pkg.rglob("*.py") if p.name != "config.py")
+    # config.py reads some itself (worker_identity, python_log_level); its table rows do not count
+    text += "\n".join(line for line in (pkg / "config.py").read_text().splitlines()
+                      if not re.match(r"\s+S\(", line))
+    unread = [s.env for s in SETTINGS
+              if not re.search(rf"\.{s.name}\b|[\"']{s.name}[\"']|\b{s.env}\b", text)]
+    assert not unread, f"documented settings nothing reads: {unread}"
+
+
+def test_pushpull_role_starts_the_role_as_dmlc_role_does(capsys, monkeypatch):
+    from pushpull.launch import cli, torchrun
+
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    monkeypatch.setenv("PUSHPULL_ROLE", "boss")
+    assert cli.main(["--", "true"]) == 2  # not a local job of `true`: the role is read, and refused
+    assert "PUSHPULL_ROLE='boss' is invalid; PUSHPULL_ROLE accepts worker | server | scheduler" \
+        in capsys.readouterr().err
+    assert not torchrun.wanted({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2",
+                                "PUSHPULL_ROLE": "worker"})

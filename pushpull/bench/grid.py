@@ -87,6 +87,7 @@ import sys
 from pushpull import policy, units
 from pushpull.policy import bytescheduler as bs_policy
 from pushpull.cli import help_text
+from pushpull.config import DEFAULTS
 import tempfile
 import time
 from pathlib import Path
@@ -168,7 +169,7 @@ def scaled_profile(model: str, grad_mb: float):
 def scaled_ps_partition_bytes(size_scale: float) -> int:
     """BytePS's default key size (BYTEPS_PARTITION_BYTES, 4,096,000) scaled with the model's tensors, at
     least 64 KiB: the out-of-the-box key size of a model shrunk by ``size_scale``."""
-    return max(65536, int(_setting_default("partition_bytes") * size_scale))
+    return max(65536, int(DEFAULTS.partition_bytes * size_scale))
 
 
 def _scaled_scheduling(run: dict, backend: str, size_scale: float) -> dict:
@@ -182,24 +183,18 @@ def _scaled_scheduling(run: dict, backend: str, size_scale: float) -> dict:
             "credit_bytes": run["credit_bytes"] or max(4096, int(c_def * size_scale))}
 
 
-def _setting_default(name: str):
-    from pushpull.config import SETTINGS
-
-    return next(s.default for s in SETTINGS if s.name == name)
-
-
 def expand(cfg: dict) -> list[dict]:
     """The grid's jobs, each with its cells' strategies."""
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
     for model, backend, n, srv, placement, bw, ratio, auth, ls, lr, rep in itertools.product(
-            _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), ["ps"]),
+            _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), [DEFAULTS.backend]),
             _list(cfg.get("workers"), [4]), _list(cfg.get("servers"), ["workers"]),
             _list(cfg.get("placements"), ["colocated"]),
             _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
-            _list(cfg.get("auth"), ["auto"]), _list(cfg.get("local_size"), [1]),
-            _list(cfg.get("local_reduce"), ["auto"]), range(int(cfg.get("repeats", 1)))):
+            _list(cfg.get("auth"), [DEFAULTS.auth]), _list(cfg.get("local_size"), [1]),
+            _list(cfg.get("local_reduce"), [DEFAULTS.local_reduce]), range(int(cfg.get("repeats", 1)))):
         k = n if srv == "workers" else int(srv)
         ls = int(ls)
         lr = {True: "on", False: "off"}.get(lr, str(lr).lower())

@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from pushpull.config import DEFAULTS
+
 from .base import Compressor, codec_by_name, codecs
 from .error_feedback import ErrorFeedback
 from .momentum import NesterovMomentum
@@ -30,7 +32,7 @@ ERROR_FEEDBACKS = ("none", ErrorFeedback.value)
 MOMENTUMS = ("none", NesterovMomentum.value)
 # Read by the caller (tensors smaller than this are sent uncompressed), accepted in a spec so a whole
 # training config can be passed through; the engine's default is PUSHPULL_MIN_COMPRESS_BYTES.
-MIN_COMPRESS_BYTES = 65536
+MIN_COMPRESS_BYTES = DEFAULTS.min_compress_bytes
 
 
 class _Codecs(Mapping):

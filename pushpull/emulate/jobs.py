@@ -135,7 +135,7 @@ def _start(cluster: EmulatedCluster, job: Job, label: str, host: int, argv: list
 
 def _base_env(env: dict | None) -> dict:
     e = dict(os.environ)
-    for k in ("DMLC_ROLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    for k in ("DMLC_ROLE", "PUSHPULL_ROLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "DMLC_WORKER_ID", "BYTEPS_LOCAL_RANK"):
         e.pop(k, None)
     e.setdefault("PYTHONUNBUFFERED", "1")

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from pushpull.cli import help_text
+from pushpull.config import env_source, setting
 
 GRACE_S = 3.0
 BLAME_WAIT_S = 0.5  # after a failure, how long to wait for a line naming its cause
@@ -226,8 +227,8 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     common = _base_env(env_extra)
     if min_workers:
         common["PUSHPULL_MIN_WORKERS"] = str(min_workers)
-    for k in ("DMLC_ROLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-              "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+    for k in ("DMLC_ROLE", "PUSHPULL_ROLE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+              "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):  # each child gets its own DMLC_ROLE
         common.pop(k, None)
     # like torchrun: N workers each with an OpenMP pool as large as the machine
     # oversubscribe the cores many times over (15x slower seen on 2 cores)
@@ -270,14 +271,15 @@ def _install_term_handler(sup: Supervisor) -> None:
 
 
 def launch_role(cmd: list[str]) -> int:
-    """BytePS style: start the role named by DMLC_ROLE."""
-    role = os.environ.get("DMLC_ROLE", "").strip().lower()
+    """BytePS style: start the role named by PUSHPULL_ROLE or DMLC_ROLE (the former wins, as in the config)."""
+    var, raw = env_source("role") or ("DMLC_ROLE", "")
+    role = raw.strip().lower()
     if role in ("scheduler", "server"):
         from pushpull.launch.role import run_role
 
         return run_role(role)
     if role != "worker":
-        print(f"pushpull launch: DMLC_ROLE={role!r} is invalid; DMLC_ROLE accepts worker | server | scheduler",
+        print(f"pushpull launch: {var}={raw!r} is invalid; {var} accepts {setting('role').accepts}",
               file=sys.stderr)
         return 2
     if not cmd:
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--env {kv!r}: expected KEY=VALUE")
         k, v = kv.split("=", 1)
         extra[k] = v
-    if args.workers is None and os.environ.get("DMLC_ROLE"):
+    if args.workers is None and (env_source("role") or ("", ""))[1]:
         return launch_role(cmd)
     workers = args.workers if args.workers is not None else 1
     if workers < 1:

@@ -33,7 +33,7 @@ def wanted(env=os.environ) -> bool:
     """Started by torchrun (its agent sets TORCHELASTIC_RUN_ID), with more than one process, and no
     BytePS roles or scheduler address given."""
     return ("TORCHELASTIC_RUN_ID" in env and "RANK" in env and int(env.get("WORLD_SIZE", "1")) > 1
-            and not any(k in env for k in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "PUSHPULL_ROOT_URI")))
+            and not any(k in env for k in ("DMLC_ROLE", "PUSHPULL_ROLE", "DMLC_PS_ROOT_URI", "PUSHPULL_ROOT_URI")))
 
 
 def _free_port(host: str) -> int:

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from pushpull.cli import help_text
+from pushpull.config import DEFAULTS
+from pushpull.policy.bytescheduler import DEFAULTS as BS_DEFAULTS
 from pushpull.profiles import Profile, ProfileError, load_profile
 from pushpull.sim.config import (ClusterConfig, Compression, format_bandwidth, format_bytes, parse_bandwidth,
                                  parse_bytes, parse_duration)
@@ -39,12 +41,15 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="each of the --local-size processes pushes every tensor over the machine's NIC "
                         "(PUSHPULL_LOCAL_REDUCE=0; PS backend)")
     p.add_argument("--sum-rate", help="server summation rate, e.g. 5GB/s (default: free)")
-    p.add_argument("--ps-partition-bytes", default="4096000", help="PS key sharding size (default 4096000)")
+    p.add_argument("--ps-partition-bytes", default=str(DEFAULTS.partition_bytes),
+                   help=f"PS key sharding size (default {DEFAULTS.partition_bytes}, BYTEPS_PARTITION_BYTES's)")
     p.add_argument("--compute-scale", default="1", help="multiply profile compute times (GPU k x faster: 1/k)")
     p.add_argument("--no-layerwise", action="store_true", help="next forward waits for every gradient")
     p.add_argument("--compression-ratio", help="gradient compression ratio (payload = bytes/ratio)")
     p.add_argument("--codec-s-per-byte", default="0", help="compress and decompress cost, seconds per byte")
-    p.add_argument("--min-compress-bytes", default="65536", help="smaller tensors are not compressed")
+    p.add_argument("--min-compress-bytes", default=str(DEFAULTS.min_compress_bytes),
+                   help=f"smaller tensors are not compressed (default {DEFAULTS.min_compress_bytes}, "
+                        f"BYTEPS_MIN_COMPRESS_BYTES's)")
 
 
 def _int(value, arg: str, lo: int = 1) -> int:
@@ -169,11 +174,13 @@ def _parse_sweep(spec: str) -> tuple[str, list]:
 def _sim_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pushpull sim", description=help_text(__doc__.split("\n\n")[1].strip()))
     _common(p)
-    p.add_argument("--backend", default="ps", choices=("ps", "allreduce"))
+    p.add_argument("--backend", default=DEFAULTS.backend, choices=("ps", "allreduce"))
     p.add_argument("--strategy", default=",".join(STRATEGIES),
                    help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all)")
-    p.add_argument("--partition-bytes", help="bytescheduler partition size (default 4000000 PS, 32000000 all-reduce)")
-    p.add_argument("--credit-bytes", help="bytescheduler credit, or inf (default 16000000 PS, 64000000 all-reduce)")
+    p.add_argument("--partition-bytes", help=f"bytescheduler partition size (default {BS_DEFAULTS['ps'][0]} PS, "
+                                             f"{BS_DEFAULTS['allreduce'][0]} all-reduce)")
+    p.add_argument("--credit-bytes", help=f"bytescheduler credit, or inf (default {BS_DEFAULTS['ps'][1]} PS, "
+                                          f"{BS_DEFAULTS['allreduce'][1]} all-reduce)")
     p.add_argument("--fusion-threshold", help="fusion buffer size (default 64MiB)")
     p.add_argument("--cycle", help="fusion cycle time (default 1ms)")
     p.add_argument("--sweep", help="KEY=V1,V2,...: bandwidth=1gbit,10gbit | ratio=0.25,0.5,1,2 (compute/comm) | workers=.. | servers=.. | compute_scale=..")
@@ -315,7 +322,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pushpull plan",
                                 description="Recommend strategy, partition size and credit for a cluster.")
     _common(p)
-    p.add_argument("--backend", default="ps", choices=("ps", "allreduce", "any"),
+    p.add_argument("--backend", default=DEFAULTS.backend, choices=("ps", "allreduce", "any"),
                    help="ps, allreduce, or any (compare both)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from pushpull import units
+from pushpull.config import DEFAULTS
 
 BACKENDS = ("ps", "allreduce")
 COMPUTE_CLOCKS = ("sequential", "deadline")
@@ -64,7 +65,7 @@ class ClusterConfig:
     colocated: bool = False             # BytePS style: server k shares machine k's NIC
     server_bandwidth: float | None = None   # per server NIC; None -> bandwidth
     sum_rate: float | None = None       # server summation, input bytes/s; None -> free
-    ps_partition_bytes: int = 4_096_000 # PS shards keys at this size (BYTEPS_PARTITION_BYTES)
+    ps_partition_bytes: int = DEFAULTS.partition_bytes  # PS shards keys at this size (BYTEPS_PARTITION_BYTES)
     local_size: int = 1                 # devices per worker machine
     message_s: float = 0.0              # per-message CPU time on a worker (FIFO, overlaps the wire)
     local_reduce: bool = True           # False: each device pushes everything over the machine's NIC
@@ -126,14 +127,14 @@ class Compression:
     """Gradient compression as the network sees it.
 
     ``ratio`` shrinks the payload of every tensor of at least
-    ``min_compress_bytes`` (BytePS' default 65536); the codec costs are
+    ``min_compress_bytes`` (the runtime's default, BYTEPS_MIN_COMPRESS_BYTES); the codec costs are
     seconds per *uncompressed* byte, paid by the worker before a push and
     after a pull, and by the server (decompress n pushes, compress the sum).
     """
     ratio: float = 1.0
     compress_s_per_byte: float = 0.0
     decompress_s_per_byte: float = 0.0
-    min_compress_bytes: int = 65536
+    min_compress_bytes: int = DEFAULTS.min_compress_bytes
 
     def __post_init__(self):
         if not (self.ratio > 0) or math.isinf(self.ratio):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from pushpull.config import DEFAULTS
 from pushpull.profiles import DTYPE_BYTES, LayerProfile, Profile, TensorSpec
 from pushpull.sim.config import ClusterConfig, SimOptions
 from pushpull.sim.engine import simulate
@@ -62,7 +63,8 @@ def _one_buffer_s(cluster: ClusterConfig, nbytes: int) -> float:
 
 
 def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_probe: float, t_small: float,
-                t_stream: float, colocated: bool = False, ps_partition_bytes: int = 4_096_000) -> ClusterConfig:
+                t_stream: float, colocated: bool = False,
+                ps_partition_bytes: int = DEFAULTS.partition_bytes) -> ClusterConfig:
     """A cluster on which the simulator times the three probes as they were measured.
 
     ``message_s`` is the time per reduction in a stream of small ones (what a worker gets through when
