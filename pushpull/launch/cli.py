@@ -286,22 +286,25 @@ def launch_role(cmd: list[str]) -> int:
         print("pushpull launch: a worker needs a command to run (pushpull launch -- python train.py)",
               file=sys.stderr)
         return 2
+    # worker id and local size as the workers' config reads them (PUSHPULL_* or the BytePS names)
+    wid = (env_source("worker_id") or ("", ""))[1] or "0"
     if any(k in os.environ for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")) \
-            and "DMLC_WORKER_ID" not in os.environ:
+            and env_source("worker_id") is None:
         # torchrun / SLURM / mpirun already started one process per device
         return subprocess.call(cmd)
-    local_size = os.environ.get("BYTEPS_LOCAL_SIZE")
+    local_size = (env_source("local_size") or ("", ""))[1]
     if not local_size:
         visible = os.environ.get("NVIDIA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
         local_size = str(len([d for d in visible.split(",") if d.strip()])) if visible and visible != "all" else "1"
     n = int(local_size)
     sup = Supervisor(prefix_output=n > 1)
     _install_term_handler(sup)
-    wid = os.environ.get("DMLC_WORKER_ID", "0")
     try:
         for i in range(n):
-            sup.start(f"worker {int(wid) * n + i}", cmd,
-                      _base_env({"BYTEPS_LOCAL_SIZE": str(n), "BYTEPS_LOCAL_RANK": str(i)}), True)
+            env = _base_env({"BYTEPS_LOCAL_SIZE": str(n), "BYTEPS_LOCAL_RANK": str(i)})
+            for k in ("PUSHPULL_LOCAL_SIZE", "PUSHPULL_LOCAL_RANK"):  # they would win over the values set here
+                env.pop(k, None)
+            sup.start(f"worker {int(wid) * n + i}", cmd, env, True)
         return sup.supervise()
     finally:
         sup.kill_all()
