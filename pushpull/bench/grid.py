@@ -512,7 +512,7 @@ def child_main(spec: dict, out: str) -> int:
     times: dict[str, list[list[float]]] = {n: [] for n in runs}
     runs_spec = {r["name"]: r for r in spec["runs"]}
     # each host's link bytes per timed step, per strategy: its first local process reads the interface
-    iface = os.environ.get("DMLC_INTERFACE") if bps.local_rank() == 0 else None
+    iface = bps.config().interface if bps.local_rank() == 0 else None  # PUSHPULL_INTERFACE / DMLC_INTERFACE
     link = {n: [0, 0, 0] for n in runs}  # received, sent, steps
     for rnd in range(spec["tries"]):
         for name, (model, opt, _, lw) in runs.items():

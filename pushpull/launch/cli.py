@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from pushpull.cli import help_text
-from pushpull.config import env_source, setting
+from pushpull.config import DEFAULTS, env_source, setting
 
 GRACE_S = 3.0
 BLAME_WAIT_S = 0.5  # after a failure, how long to wait for a line naming its cause
@@ -214,7 +214,7 @@ def _base_env(extra: dict | None = None) -> dict:
 def ensure_job_secret(env: dict) -> None:
     """A launcher that starts every process of a job gives them a fresh secret, unless the user set one
     or turned authentication off (docs/security.md); children read it from their environment."""
-    auth = env.get("PUSHPULL_AUTH", "curve").strip().lower()
+    auth = env.get("PUSHPULL_AUTH", DEFAULTS.auth).strip().lower()
     if auth != "none" and not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
         env["PUSHPULL_SECRET"] = secrets.token_urlsafe(32)
 
