@@ -37,6 +37,7 @@ import time
 
 from pushpull import policy
 from pushpull.cli import help_text
+from pushpull.config import DEFAULTS
 from pushpull.bench.jobs import run_job
 
 # the runtime's fixed strategies (pushpull.policy; auto picks among them), the reference (wfbp) first
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet50", help="profile name/file (emulated) or mlp / a small model")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=2)
-    p.add_argument("--backend", choices=["ps", "allreduce"], default="ps")
+    p.add_argument("--backend", choices=["ps", "allreduce"], default=DEFAULTS.backend)
     p.add_argument("--steps", type=int, default=10, help="timed steps per strategy per round")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before a strategy's first block")
     p.add_argument("--rounds", type=int, default=2, help="interleaved blocks per strategy")
