@@ -11,7 +11,7 @@ fi
 # TensorFlow 2 / Keras 3 bindings (tensorflow-cpu: no CUDA packages); their tests run in CI
 "$PY" -m pip install --quiet -e ".[tensorflow]"
 # MXNet binding: mxnet 1.9.1 needs NumPy < 1.24, so it gets an environment of its own (.venv-mxnet).
-# Best effort: without it tests/test_mxnet_api.py skips saying why.
+# Best effort: without it tests/cluster/test_mxnet_api.py skips saying why.
 if [ "${PUSHPULL_SKIP_MXNET:-0}" != 1 ]; then
   bash scripts/test-mxnet.sh --install-only >/dev/null 2>&1 \
     || echo "install.sh: could not make the MXNet environment (.venv-mxnet); its tests will be skipped" >&2

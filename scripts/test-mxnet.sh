@@ -2,7 +2,7 @@
 # The MXNet binding's tests in an environment of their own: mxnet 1.9.1 uses np.bool, which NumPy 1.24
 # removed, so it cannot share the main environment's NumPy 2. Makes .venv-mxnet (git-ignored) with the
 # CPU build of torch 2.13.0, mxnet 1.9.1, NumPy < 1.24 and pushpull (editable), then runs
-# tests/test_mxnet_api.py with it. --install-only: make the environment and stop (scripts/install.sh
+# tests/cluster/test_mxnet_api.py with it. --install-only: make the environment and stop (scripts/install.sh
 # calls it that way, so CI's pytest run finds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +23,4 @@ if [ "${1:-}" = "--install-only" ]; then
   exit 0
 fi
 export PUSHPULL_MXNET_PYTHON="$PWD/$VPY"
-exec "$VPY" -m pytest -q tests/test_mxnet_api.py "$@"
+exec "$VPY" -m pytest -q tests/cluster/test_mxnet_api.py "$@"

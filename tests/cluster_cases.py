@@ -1,5 +1,5 @@
-"""One launch per cluster shape, one reported test per case: the helpers tests/test_pushpull.py and
-tests/test_torch_api.py share (their workers print ``case <name> ok on rank ...`` per case and rank)."""
+"""One launch per cluster shape, one reported test per case: the helpers tests/cluster/test_pushpull.py and
+tests/cluster/test_torch_api.py share (their workers print ``case <name> ok on rank ...`` per case and rank)."""
 from __future__ import annotations
 
 import pytest

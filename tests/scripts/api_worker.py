@@ -1,4 +1,4 @@
-"""Worker program for the PyTorch API tests (tests/test_torch_api.py), run under
+"""Worker program for the PyTorch API tests (tests/cluster/test_torch_api.py), run under
 ``pushpull launch`` or alone (single-process mode).
 
 Every case computes what it expects independently: data are deterministic

@@ -1,4 +1,4 @@
-"""Worker program for tests/test_strategy_auto.py, run under ``pushpull launch``.
+"""Worker program for tests/cluster/test_strategy_auto.py, run under ``pushpull launch``.
 
 Trains the same small model with ``strategy="auto"`` and with ``wfbp`` for
 enough steps to go through auto's measuring, its choice, a possible fallback

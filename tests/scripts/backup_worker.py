@@ -1,6 +1,6 @@
 """Backup workers under the launcher (3 workers, PUSHPULL_BACKUP_WORKERS=1): rank 2 is late for round 2 and
 a straggler afterwards. Each rank's gradient of w is c_r = 2**r (exact in float32), SGD with lr 1, so the
-weight after a round says exactly whose gradients its average held. Prints what tests/test_backup.py checks."""
+weight after a round says exactly whose gradients its average held. Prints what tests/cluster/test_backup.py checks."""
 import json
 import sys
 import time

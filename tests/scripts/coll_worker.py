@@ -1,4 +1,4 @@
-"""Worker program for tests/test_collectives.py: Horovod's torch collectives over the parameter servers,
+"""Worker program for tests/cluster/test_collectives.py: Horovod's torch collectives over the parameter servers,
 each against a plain-torch reference, run under ``pushpull launch`` (or alone).
 
 Inputs are deterministic functions of (case, rank), so every rank rebuilds every rank's input and computes

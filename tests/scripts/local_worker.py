@@ -1,4 +1,4 @@
-"""Worker program for the local reduce's tests (tests/test_local_reduce.py), one process of a machine.
+"""Worker program for the local reduce's tests (tests/cluster/test_local_reduce.py), one process of a machine.
 
 Cases: ``wire``: sums and averages are exact and this process pushed only its slice of each tensor;
 ``train``: a few DistributedOptimizer steps on rank-dependent data, final parameters printed;

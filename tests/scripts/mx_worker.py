@@ -1,4 +1,4 @@
-"""Worker program for the MXNet tests (tests/test_mxnet_api.py), run in the MXNet environment under
+"""Worker program for the MXNet tests (tests/cluster/test_mxnet_api.py), run in the MXNet environment under
 ``pushpull launch`` or alone. Data are deterministic functions of (rank, step), so every worker
 trains a single-process reference on the global batch. A failure prints ``FAIL rank r: ...``."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker program for tests/test_strategies.py, run under ``pushpull launch``.
+"""Worker program for tests/cluster/test_strategies.py, run under ``pushpull launch``.
 
 The backend comes from PUSHPULL_BACKEND. Every case checks against values
 computed independently from rank and size, and exits non-zero with a message

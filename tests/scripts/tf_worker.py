@@ -1,4 +1,4 @@
-"""Worker program for the TensorFlow/Keras tests (tests/test_tensorflow_api.py), run under
+"""Worker program for the TensorFlow/Keras tests (tests/cluster/test_tensorflow_api.py), run under
 ``pushpull launch`` or alone (single-process mode).
 
 As in api_worker.py, data are deterministic functions of (rank, step), so every

@@ -250,7 +250,7 @@ def test_pushpull_and_torch_jobs_across_hosts(tmp_path):
 @needs_netns
 def test_plain_multinode_torchrun_trains_across_hosts(tmp_path):
     """torchrun on two emulated hosts, no BytePS roles: pushpull starts its own scheduler and servers."""
-    example = str(Path(__file__).resolve().parents[1] / "examples" / "train_digits.py")
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "train_digits.py")
     with EmulatedCluster(2, rate="1gbit") as c:
         job = launch_torchrun_job(c, 2, 1, [example, "--epochs", "3", "--no-progress", "--min-accuracy", "0.8"],
                                   log_dir=tmp_path / "tr")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "mx_worker.py")
 EXAMPLE = str(ROOT / "examples" / "train_digits_gluon.py")
 ENV = {"PUSHPULL_TIMEOUT": "30", "OMP_NUM_THREADS": "1"}

@@ -16,7 +16,7 @@ import torch
 
 import pushpull.compression as comp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 INT8 = textwrap.dedent('''
     """int8q: each value as one signed byte of max|x| / 127 (a test codec)."""

@@ -22,7 +22,7 @@ import torch
 from pushpull.policy.fusion import fusion_plan
 from pushpull.policy.mgwfbp import fit_alpha_beta, mgwfbp_groups
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "strategy_worker.py")
 STRATEGIES = ["wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler"]
 

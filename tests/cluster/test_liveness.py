@@ -12,7 +12,7 @@ import pytest
 
 from pushpull.launch.cli import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BPSLAUNCH = [sys.executable, "-c", "from pushpull.launch.cli import bpslaunch_main; bpslaunch_main()"]
 
 

@@ -12,7 +12,7 @@ from pushpull.transport.protocol import (
 )
 from pushpull.transport.van import Van
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_header_round_trip():

@@ -17,7 +17,7 @@ import pytest
 
 import pushpull.policy as policy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PAIRS = textwrap.dedent('''
     """pairs: every two consecutive gradients (in ready order) travel as one buffer; a test strategy."""

@@ -12,7 +12,7 @@ from pushpull import timeline_cli as tl
 from pushpull.timeline import load_trace
 from pushpull.worker import trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "trace_worker.py")
 
 

@@ -15,7 +15,7 @@ import pytest
 from pushpull.server.keystate import Busy, KeyState, RoundError
 from pushpull.transport.protocol import backup_extra, split_backup_extra
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ks(n=3, b=1, depth=4) -> KeyState:

@@ -14,7 +14,7 @@ import pytest
 
 from cluster_cases import assert_case, shape_runner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "pp_worker.py")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from pushpull.torch.autotune import AutoTuner, Search, Space, read_log
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "trace_worker.py")
 M = 1_000_000
 

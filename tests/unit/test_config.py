@@ -11,7 +11,7 @@ import pytest
 from pushpull.config import (DEFAULTS, SETTINGS, Config, ConfigError, env_source, load_config, markdown_table,
                              worker_identity)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_match_byteps():

@@ -13,7 +13,7 @@ import pytest
 
 from pushpull.launch.cli import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BPSLAUNCH = [sys.executable, "-c", "from pushpull.launch.cli import bpslaunch_main; bpslaunch_main()"]
 WORKER = [sys.executable, str(ROOT / "tests" / "scripts" / "pp_worker.py"), "rounds"]
 

@@ -15,7 +15,7 @@ import pytest
 from pushpull.config import load_config
 from pushpull.transport.security import JobAuth, auth_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STRANGER = str(ROOT / "tests" / "scripts" / "stranger_worker.py")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from pushpull.worker.local_reduce import LocalReduce, pid_dead, shm_dir, slice_bounds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCAL_WORKER = str(ROOT / "tests" / "scripts" / "local_worker.py")
 PP_WORKER = str(ROOT / "tests" / "scripts" / "pp_worker.py")
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="tensorflow-cpu is not installed (scripts/install.sh installs it)")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "tf_worker.py")
 EXAMPLE = str(ROOT / "examples" / "train_digits_keras.py")
 ENV = {"PUSHPULL_TIMEOUT": "30", "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "scripts" / "coll_worker.py"
 _spec = importlib.util.spec_from_file_location("coll_worker", WORKER)
 coll_worker = importlib.util.module_from_spec(_spec)

@@ -17,7 +17,7 @@ import pytest
 
 from cluster_cases import assert_case, shape_runner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "api_worker.py")
 EXAMPLE = str(ROOT / "examples" / "train_digits.py")
 # a worker that hangs should fail the test quickly with pushpull's message, not the pytest timeout

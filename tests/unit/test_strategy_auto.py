@@ -22,7 +22,7 @@ import torch
 
 from pushpull.torch.strategies import auto_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "auto_worker.py")
 
 

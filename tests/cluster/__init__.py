@@ -1,0 +1,1 @@
+"""Cluster tests: real processes and sockets."""

@@ -1,0 +1,1 @@
+"""Unit tests: one piece in this process."""
