@@ -1,1 +1,1 @@
-"""Cluster tests: real processes and sockets."""
+"""Cluster tests: real processes and sockets, network namespaces where the machine allows; see tests/README.md."""

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pushpull.config import load_config
-from pushpull.transport.security import JobAuth, auth_for
-
 ROOT = Path(__file__).resolve().parents[2]
 STRANGER = str(ROOT / "tests" / "scripts" / "stranger_worker.py")
 
@@ -66,27 +63,6 @@ def test_role_without_secret_stops_at_once_saying_how_to_set_one(role):
     assert res.returncode == 2, res.stdout + res.stderr
     assert "PUSHPULL_SECRET" in res.stderr and "PUSHPULL_AUTH=none" in res.stderr, res.stderr
     assert time.monotonic() - t0 < 20
-
-
-def test_auth_none_warns(caplog):
-    import pushpull.transport.security as sec
-
-    sec._warned = False
-    with caplog.at_level("WARNING"):
-        assert auth_for(load_config({"PUSHPULL_AUTH": "none"}), "server") is None
-    assert "PUSHPULL_AUTH=none" in caplog.text
-
-
-@pytest.mark.parametrize("mode,host,want", [("auto", "127.0.0.1", "plain"), ("auto", "10.1.2.3", "curve"),
-                                            ("curve", "127.0.0.1", "curve"), ("plain", "10.1.2.3", "plain")])
-def test_mechanism_per_address(mode, host, want):
-    assert JobAuth("s", mode).mechanism(host) == want
-
-
-def test_credentials_depend_on_the_secret():
-    a, b = JobAuth("one"), JobAuth("two")
-    assert a.public_key != b.public_key and a.password != b.password
-    assert JobAuth("one").public_key == a.public_key
 
 
 def test_a_member_cannot_push_as_another_rank(auto_job):

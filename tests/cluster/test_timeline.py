@@ -1,4 +1,5 @@
-"""The live timeline (PUSHPULL_TRACE_ON) and ``pushpull timeline summarize``."""
+"""The live timeline (PUSHPULL_TRACE_ON) of real jobs and ``pushpull timeline summarize``; the pieces in
+one process: tests/unit/test_timeline.py."""
 from __future__ import annotations
 
 import json
@@ -7,10 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from pushpull import timeline_cli as tl
 from pushpull.timeline import load_trace
-from pushpull.worker import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "trace_worker.py")
@@ -24,17 +23,6 @@ def _env(**kw) -> dict:
 
 def X(tid, name, cat, ts, dur, **args):
     return {"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": tid, "ts": ts, "dur": dur, "args": args}
-
-
-# ---------------------------------------------------------------- summarize, by hand --
-
-def test_interval_algebra():
-    u = tl.union([(5, 7), (0, 2), (1, 3), (7, 8), (9, 9)])
-    assert u == [(0, 3), (5, 8)]
-    assert tl.length(u) == 6
-    assert tl.intersect(u, [(2, 6)]) == [(2, 3), (5, 6)]
-    assert tl.subtract(u, [(1, 2), (6, 10)]) == [(0, 1), (2, 3), (5, 6)]
-    assert tl.clip(u, 1, 6) == [(1, 3), (5, 6)]
 
 
 def test_summarize_hand_made_trace(tmp_path):
@@ -72,52 +60,6 @@ def test_summarize_hand_made_trace(tmp_path):
     lines = [ln.split() for ln in out.stdout.splitlines()]
     assert ["0", "0.2", "0.1", "0.2", "0.1", "0.1", "37.5"] in lines
 
-
-def test_summarize_trace_without_steps_is_one_span():
-    ev = [X(1, "fwd", "compute", 0, 10), X(2, "push", "comm", 5, 10)]
-    (p,) = tl.summarize(ev)
-    (row,) = p["steps"]
-    assert row["step"] == "all" and row["time_ms"] == 0.015 and row["overlap_ms"] == 0.005
-
-
-def test_unreadable_file_is_a_clear_error(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    assert tl.main(["summarize", str(bad)]) == 2
-    assert tl.main(["summarize", str(tmp_path / "missing.json")]) == 2
-
-
-def test_tracer_steps_window_and_explicit_counting(tmp_path):
-    tr = trace.Tracer(tmp_path / "t.json", rank=3, start_step=1, end_step=2)
-    assert not tr.on
-    tr.end_step()                       # step 0 ends (optimizer)
-    assert tr.on and tr.step_index == 1
-    with tr.span("update", "update fc.weight"):
-        pass
-    tr.end_step(explicit=True)          # first explicit call right after the optimizer's: no new step
-    assert tr.step_index == 1 and tr.explicit
-    tr.end_step()                       # ignored from now on
-    assert tr.step_index == 1
-    tr.end_step(explicit=True)          # step 1 ends
-    tr.end_step(explicit=True)          # step 2 ends: window closed, file final
-    assert not tr.on and tr.finished
-    ev, meta = tl.load_trace(tmp_path / "t.json")
-    assert meta["rank"] == 3
-    assert sorted(e["args"]["step"] for e in ev if e.get("cat") == "step") == [1, 2]
-    assert any(e["name"] == "update fc.weight" for e in ev)
-    tr.end_step(explicit=True)
-    assert len(tl.load_trace(tmp_path / "t.json")[0]) == len(ev)  # nothing after the window
-
-
-def test_module_helpers_are_noops_when_off():
-    assert trace.current is None and trace.TRACER is None
-    with trace.span("x", "y"):
-        pass
-    trace.event("x", "y", 0.0)
-    trace.step()
-
-
-# ---------------------------------------------------------------- real jobs --
 
 def _check_partitions(events: list[dict]) -> int:
     """Per partition and round: queue <= [compress] <= push <= pull <= [decompress], no overlap."""

@@ -1,1 +1,1 @@
-"""Unit tests: one piece in this process."""
+"""Unit tests: no processes, no sockets (tests/unit/conftest.py enforces it); see tests/README.md."""

@@ -1,29 +1,15 @@
-"""The ``auto`` strategy (PUSHPULL_STRATEGY=auto).
-
-Unit tests (one process, fake backends): the simulator's inputs built from
-measurements reproduce the probes, the runner-up differs in backend or
-strategy, a failed confirmation falls back to the runner-up (with an injected
-measurement) and a confirmed choice is kept, gradients are reduced correctly
-through every switch. Jobs under the real launcher (tests/scripts/auto_worker.py):
-every rank takes the same decision, and training with ``auto`` (through a
-backend switch and a planned strategy) ends with the same parameters as wfbp.
-No timing is asserted.
+"""The ``auto`` strategy (PUSHPULL_STRATEGY=auto) in one process, with fake backends: the simulator's
+inputs built from measurements reproduce the probes, the runner-up differs in backend or strategy, a
+failed confirmation falls back to the runner-up (with an injected measurement) and a confirmed choice
+is kept, gradients are reduced correctly through every switch. Jobs under the real launcher:
+tests/cluster/test_strategy_auto.py. No timing is asserted.
 """
 from __future__ import annotations
-
-import json
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from pushpull.torch.strategies import auto_plan
-
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = str(ROOT / "tests" / "scripts" / "auto_worker.py")
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -119,35 +105,3 @@ def test_compression_keeps_auto_on_the_parameter_servers(single_process):
 def test_unknown_candidates_are_refused(single_process):
     with pytest.raises(ValueError, match="match no backend"):
         scripted(1.0, 1.0, candidates=["ps:nope"])
-
-
-# --------------------------------------------------------------------------- real clusters
-def launch(workers: int, servers: int, case: str, env: dict, timeout: float = 240) -> list[dict]:
-    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", str(servers)]
-    for k, v in {"PUSHPULL_TIMEOUT": "60", **env}.items():
-        argv += ["--env", f"{k}={v}"]
-    argv += ["--", sys.executable, WORKER, case]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-5000:]
-    assert out.count("ALL-OK") == workers, out[-5000:]
-    decisions = [json.loads(m) for m in re.findall(r"DECISION (\{.*\})", out)]
-    assert len(decisions) == workers, out[-3000:]
-    return decisions
-
-
-def test_auto_job_decides_the_same_on_every_rank_over_ps():
-    ds = launch(3, 2, "train", {"PUSHPULL_BACKEND": "ps"})
-    assert all(d == ds[0] for d in ds), ds
-    assert ds[0]["final"] is not None
-
-
-def test_auto_job_trains_like_wfbp_through_a_backend_switch():
-    # starts over all-reduce, may only pick PS: every rank switches backend and plans fusion from auto's times
-    ds = launch(2, 1, "switch", {"PUSHPULL_BACKEND": "allreduce"})
-    assert all(d == ds[0] for d in ds) and ds[0]["final"]["backend"] == "ps"
-
-
-def test_auto_job_with_layerwise_updates_trains_like_wfbp():
-    ds = launch(2, 2, "layerwise", {"PUSHPULL_BACKEND": "ps"})
-    assert all(d == ds[0] for d in ds)

@@ -1,0 +1,51 @@
+"""``pushpull bench grid`` / ``pushpull bench report`` without running a cell: the grid's jobs and the
+report's bounds from hand-made rows. The smoke cells on the emulated cluster: tests/cluster/test_bench_grid.py.
+"""
+import pytest
+
+
+def test_report_bounds_per_placement():
+    """c + bytes per link / B: M/B for a PS on its own hosts (n/k M/B with fewer servers), 2(n-1)/n M/B for
+    the ring and a colocated PS with k = n."""
+    from pushpull.bench.report import bounds
+
+    cell = {"compute_s": 0.16, "grad_bytes": 8e6, "bandwidth_bytes_s": 12.5e6, "workers": 4, "servers": 4}
+    sep = bounds(dict(cell, placement="separate"))
+    assert sep["ps_bound_s"] == pytest.approx(0.16 + 0.64) and sep["ring_bound_s"] == pytest.approx(0.16 + 0.96)
+    assert bounds(dict(cell, placement="colocated"))["ps_bound_s"] == pytest.approx(0.16 + 0.96)
+    assert bounds(dict(cell, placement="separate", servers=2))["ps_bound_s"] == pytest.approx(0.16 + 1.28)
+    assert bounds(dict(cell, placement="colocated", servers=2))["ps_bound_s"] is None
+    assert bounds(dict(cell, compute_s=None)) == {"ps_bound_s": None, "ring_bound_s": None}
+
+
+def test_grid_expands_processes_per_host_and_older_rows_keep_their_cells():
+    from pushpull.bench.grid import cell_key, expand
+
+    jobs = expand({"name": "x", "models": ["vgg16"], "strategies": ["wfbp"], "workers": [2], "local_size": [2],
+                   "local_reduce": ["on", False], "grad_mb": 0.5})
+    assert [(j["local_size"], j["local_reduce"]) for j in jobs] == [(2, "on"), (2, "off")]
+    assert cell_key(dict(jobs[0], strategy="wfbp")) != cell_key(dict(jobs[1], strategy="wfbp"))
+    # a row written before these fields ran one process per host with the default setting: same cell
+    old = expand({"name": "x", "models": ["vgg16"], "strategies": ["wfbp"], "workers": [2], "grad_mb": 0.5})[0]
+    row = {k: v for k, v in dict(old, strategy="wfbp").items() if k not in ("local_size", "local_reduce")}
+    assert cell_key(row) == cell_key(dict(old, strategy="wfbp"))
+    with pytest.raises(ValueError, match="local_reduce"):
+        expand({"name": "x", "models": ["vgg16"], "local_reduce": ["sometimes"]})
+
+
+def test_report_compares_the_local_reduce_with_flat_against_the_bound():
+    from pushpull.bench.report import markdown
+
+    base = {"model": "vgg16", "backend": "ps", "workers": 2, "servers": 2, "placement": "colocated",
+            "bandwidth": "100mbit", "bandwidth_bytes_s": 12.5e6, "ratio": 0.25, "local_size": 2, "strategy": "wfbp",
+            "compute_s": 0.16, "grad_bytes": 8e6, "t_comm_s": 1.0, "try_throughput": [1.0], "throughput": 1.0,
+            "mode": "namespaces", "grad_mb": 8, "steps": 3, "try_step_s": [1.0]}
+    rows = [dict(base, local_reduce="on", step_s=0.9, local_reduce_active=True,
+                 link_bytes=[{"tx": 8e6, "rx": 8e6}, {"tx": 8e6, "rx": 8e6}]),
+            dict(base, local_reduce="off", step_s=1.6, local_reduce_active=False,
+                 link_bytes=[{"tx": 16e6, "rx": 16e6}, {"tx": 16e6, "rx": 16e6}])]
+    md = markdown(rows, "x", [])
+    line = next(ln for ln in md.splitlines() if ln.startswith("| vgg16 | wfbp | 2 x 2 |"))
+    # 1.6 / 0.9 faster; bound c + M/B = 0.16 + 0.64 s (flat: c + 2 M/B); half the bytes; in force on / off
+    assert "| 1600 | 900 | 1.78x | 800 | 1.12x | 1440 |" in line, line
+    assert "| 0.50, 0.50 | yes / no |" in line, line
