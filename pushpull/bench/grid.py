@@ -227,6 +227,9 @@ def expand(cfg: dict) -> list[dict]:
 
 
 def cell_key(row: dict) -> tuple:
+    """A cell's identity as the config asked for it: a row whose hosts ran another congestion control than
+    the one asked (the machine refused it) keeps the asked one in ``congestion_asked``, so resuming skips it."""
+    row = dict(row, congestion=row["congestion_asked"]) if "congestion_asked" in row else row
     return tuple(str(row.get(f, KEY_DEFAULTS.get(f))) for f in KEY_FIELDS)
 
 
@@ -670,8 +673,9 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                             bar.update(len(job["runs"]))
                             continue
                         wall = time.monotonic() - t0
-                    if cluster.congestion_in_force:  # what the hosts ran (a machine may refuse the one asked)
-                        job = dict(job, congestion=cluster.congestion_in_force)
+                    ran = cluster.congestion_in_force  # what the hosts ran (a machine may refuse the one asked)
+                    if ran and ran != job["congestion"]:
+                        job = dict(job, congestion=ran, congestion_asked=job["congestion"])
                     rows = [r for r in _rows_for(job, res, cfg, mode, wall) if cell_key(r) not in done]
                     with open(out, "a") as f:
                         for r in rows:
