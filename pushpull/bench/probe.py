@@ -1,5 +1,5 @@
 """``pushpull bench probe``: the per-call cost of a tiny reduction on *this* machine, before any run, as
-the simulator takes it (``pushpull sim --latency``, ``benchmarks/validate_sim.py --host-probe``).
+the simulator takes it (``pushpull sim --message-s --latency``, ``benchmarks/validate_sim.py --host-probe``).
 
 Why: the simulator's uncalibrated prediction knows the link rate and the profile, and charges 50 µs per
 message. A reduction also costs CPU per call (Python, ZeroMQ or gloo dispatch, thread hand-offs), which a
