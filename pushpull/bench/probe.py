@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['t_stream_s'] * 1e3:6.2f} ms each  ->  pushpull sim --backend {backend} "
               f"--message-s {msg * 1e6:.0f}us --latency {lat * 1e6:.0f}us")
         rows.append({"backend": backend, "workers": r["workers"], "servers": r["servers"],
-                     "t_small_s": r["t_small_s"], "t_stream_s": r["t_stream_s"], "latency_s": lat, "message_s": msg, "reps": args.reps,
+                     "t_small_s": r["t_small_s"], "t_stream_s": r["t_stream_s"], "latency_s": lat, "message_s": msg,
+                     "reps": args.reps,
                      "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t0)), "machine": socket.gethostname(),
                      "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())})
     if args.out:

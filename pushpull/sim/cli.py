@@ -33,8 +33,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", help="PS servers (default: as many as workers)")
     p.add_argument("--bandwidth", required=True, help="per-host NIC bandwidth, e.g. 10gbit, 100mbit, 25Gbps")
     p.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
-    p.add_argument("--message-s", default="0us", help="per-message CPU time on a worker, overlapping the wire (default 0us; "
-                                                    "`pushpull bench probe` measures it on a machine before a run)")
+    p.add_argument("--message-s", default="0us",
+                   help="per-message CPU time on a worker, overlapping the wire (default 0us; "
+                        "`pushpull bench probe` measures it and --latency on a machine before a run)")
     p.add_argument("--colocated", action="store_true", help="servers share the workers' machines (BytePS layout)")
     p.add_argument("--local-size", default="1", help="devices per worker machine, reduced locally (default 1)")
     p.add_argument("--no-local-reduce", action="store_true",
