@@ -216,7 +216,8 @@ def _describe(profile: Profile, cluster: ClusterConfig, scale: float) -> str:
             if cluster.backend == "ps" else f"ring all-reduce over {cluster.workers} workers")
     return (f"{profile.model}: {profile.numel / 1e6:.1f}M params in {sum(1 for _ in profile.tensors())} tensors "
             f"({format_bytes(profile.nbytes)}), compute {profile.compute_s * scale * 1e3:.1f} ms/iter; "
-            f"{topo}, {format_bandwidth(cluster.bandwidth)}, latency {cluster.latency * 1e6:g} us")
+            f"{topo}, {format_bandwidth(cluster.bandwidth)}, latency {cluster.latency * 1e6:g} us"
+            + (f", {cluster.message_s * 1e6:g} us CPU per message" if cluster.message_s else ""))
 
 
 def sim_main(argv: list[str] | None = None) -> int:
