@@ -8,6 +8,12 @@
 #
 #   flock /tmp/pushpull-cpu.lock bash benchmarks/no_window_losses.sh      # ~1 minute, needs root (namespaces)
 #
+# The grid asks for cubic on every host (as the stored grids ran); a VM that does not let namespaces select
+# it keeps its default (each host's line says which ran). To allow it for the run and put it back after:
+#   flock /tmp/pushpull-cpu.lock bash -c 'old=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control);
+#     sysctl -qw net.ipv4.tcp_allowed_congestion_control="$old cubic"; bash benchmarks/no_window_losses.sh;
+#     sysctl -qw net.ipv4.tcp_allowed_congestion_control="$old"'
+#
 # Why: the simulator's fluid links cannot make partition_only slower than 1.5 M/B on colocated servers
 # (docs/results/simulator.md, validation); this shows what the wire does instead.
 set -euo pipefail
@@ -24,7 +30,8 @@ done
 (while true; do
    for ns in $(ip netns list | awk '{print $1}'); do
      echo "$(date +%s.%N) $ns $(ip netns exec "$ns" nstat -asz TcpOutSegs TcpRetransSegs TcpExtTCPTimeouts \
-                                 TcpExtTCPLossProbes 2>/dev/null | awk 'NR>1{printf "%s=%s ", $1, $2}')"
+                                 TcpExtTCPLossProbes 2>/dev/null | awk 'NR>1{printf "%s=%s ", $1, $2}')" \
+          "cc=$(ip netns exec "$ns" cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null)"
    done
    sleep 1
  done) > "$tmp/samples" 2>/dev/null &
@@ -56,6 +63,7 @@ for name, _, _ in runs:
     print(f"{name}: step {r['step_s'] * 1e3:.0f} ms (tries {', '.join(f'{x * 1e3:.0f}' for x in r['try_step_s'])})")
     for (n, ns), kv in sorted(last.items()):
         if n == name:
-            print(f"  {ns}: sent {kv.get('TcpOutSegs')} segments, retransmitted {kv.get('TcpRetransSegs')}, "
-                  f"timeouts {kv.get('TcpExtTCPTimeouts')}, tail-loss probes {kv.get('TcpExtTCPLossProbes')}")
+            print(f"  {ns} ({kv.get('cc')}): sent {kv.get('TcpOutSegs')} segments, retransmitted "
+                  f"{kv.get('TcpRetransSegs')}, timeouts {kv.get('TcpExtTCPTimeouts')}, tail-loss probes "
+                  f"{kv.get('TcpExtTCPLossProbes')}")
 EOF
