@@ -57,7 +57,8 @@ for line in open(f"{tmp}/samples"):
         # a host of this run's cluster: seen during the run, and it sent something (the next run's
         # cluster may already exist, with fresh counters, when this one's last sample is taken)
         if float(a) <= t <= float(b) and not ns.endswith("-sw") and int(kv.get("TcpOutSegs", 0)) > 0:
-            last[(name, ns)] = kv
+            cc = kv.get("cc") or last.get((name, ns), {}).get("cc")   # a sample can miss it: keep the last seen
+            last[(name, ns)] = dict(kv, cc=cc)
 for name, _, _ in runs:
     r = json.loads(open(f"{tmp}/{name}.jsonl").readline())
     print(f"{name}: step {r['step_s'] * 1e3:.0f} ms (tries {', '.join(f'{x * 1e3:.0f}' for x in r['try_step_s'])})")
