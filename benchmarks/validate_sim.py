@@ -10,10 +10,18 @@ size, ByteScheduler partition and credit, the MG-WFBP plan it settled on, and
 the emulated model's deadline clock); repeats of a cell (separate launches
 with the same plan) are averaged.
 
-Four columns of errors:
+Five columns of errors:
 
 * **uncalibrated**: the simulator's defaults: nominal link rate, 50 µs
   per-message latency, no per-message CPU cost, free server summation;
+* **+host probe**: the same, with the per-call cost of a tiny reduction that
+  a user measures on their own machine *before* the run, without the cluster
+  (``pushpull bench probe --workers N``, over loopback, with the job's
+  processes per machine: ``--host-probe``, default
+  ``docs/results/host_probe.jsonl``), mapped to ``message_s`` and ``latency``
+  as the ``auto`` strategy maps its probes
+  (:func:`pushpull.sim.config.per_call_costs`); nominal link rate; nothing
+  from the job;
 * **rate-calibrated**: the link rate scaled so that the simulator's time for
   one reduction of all the gradient bytes as one buffer equals the measured
   ``t_comm_s`` (TCP goodput, CPU per byte, and the workers' desynchronisation
@@ -29,8 +37,9 @@ Four columns of errors:
   (``benchmarks/layerwise_probe.py`` -> ``--opt-probe``, default
   ``docs/results/layerwise_probe.jsonl``).
 
-All numbers are probes (every job runs them on its own cluster before its timed
-steps; the optimizer probe also standalone), so nothing is fitted to the step times.
+All numbers are probes (the host probe before any job, on this machine; the others
+every job runs on its own cluster before its timed steps; the optimizer probe also
+standalone), so nothing is fitted to the step times.
 """
 from __future__ import annotations
 
@@ -42,14 +51,17 @@ import sys
 from pathlib import Path
 
 from pushpull.profiles import LayerProfile, Profile, TensorSpec
+from pushpull.sim.config import per_call_costs
 from pushpull.sim.engine import simulate
 from pushpull.sim.validate import ValidationTable, cell, validate
 
 BEGIN = "<!-- validation:begin -->"
 END = "<!-- validation:end -->"
-LABELS = ["uncalibrated", "rate-calibrated", "rate+message-calibrated", "+optimizer (probe)"]
+LABELS = ["uncalibrated", "+host probe", "rate-calibrated", "rate+message-calibrated", "+optimizer (probe)"]
+SHORT = ["uncalibrated", "+host probe", "rate-calibrated", "rate+message", "+optimizer"]
 OPT_FIELDS = ("update_lw_s", "step_lw_s", "step_s", "wake_s")
 OPT_PROBE = "docs/results/layerwise_probe.jsonl"
+HOST_PROBE = "docs/results/host_probe.jsonl"
 
 
 def plan_groups(plan: str | None) -> list[int] | None:
@@ -58,15 +70,21 @@ def plan_groups(plan: str | None) -> list[int] | None:
     return [int(x) for x in m.group(1).split(",")] if m else None
 
 
+def _delay_s(row: dict) -> float:
+    if not row.get("delay"):
+        return 0.0
+    from pushpull.emulate.netns import parse_time
+
+    return parse_time(str(row["delay"]))
+
+
 def replay_row(row: dict) -> dict:
     """A grid row as :func:`pushpull.sim.validate.validate` takes it: what the cell ran. A cell with a
     configured one-way delay gets it as the per-message latency (plus the default 50 µs): a user knows
     the path's round trip (ping) before running anything."""
     extra = {}
     if row.get("delay"):
-        from pushpull.emulate.netns import parse_time
-
-        extra["latency"] = parse_time(str(row["delay"])) + 50e-6
+        extra["latency"] = _delay_s(row) + 50e-6
     return {**row, **extra, "measured_step_s": float(row["step_s"]), "bandwidth": float(row["bandwidth_bytes_s"]),
             "layerwise": bool(row.get("layerwise")), "compute_clock": "deadline",
             "ps_partition_bytes": int(row.get("ps_partition_bytes") or 4_096_000),
@@ -106,6 +124,31 @@ def calibrated(row: dict, level: str) -> dict:
     return r
 
 
+def read_host_probes(path: str | None) -> dict[tuple, dict]:
+    """(backend, workers) -> ``pushpull bench probe`` rows for it, ``t_small_s`` and ``t_stream_s``
+    averaged over the runs in the file."""
+    runs: dict[tuple, list[dict]] = {}
+    if path and Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                runs.setdefault((r["backend"], int(r["workers"])), []).append(r)
+    return {k: {"t_small_s": statistics.mean(r["t_small_s"] for r in v),
+                "t_stream_s": statistics.mean(r["t_stream_s"] for r in v), "runs": len(v)}
+            for k, v in runs.items()}
+
+
+def with_host_probe(row: dict, probes: dict[tuple, dict]) -> dict:
+    """``row`` (uncalibrated) with the per-call costs the host probe measured for its backend and
+    number of workers before any run (the path's delay, where the cell has one, stays added to the
+    latency); unchanged, and marked, where no probe matches."""
+    pr = probes.get((row["backend"], int(row["workers"])))
+    if not pr:
+        return dict(row, host_probe=False)
+    lat, msg = per_call_costs(row["backend"], int(row["workers"]), pr["t_small_s"], pr["t_stream_s"])
+    return dict(row, latency=_delay_s(row) + lat, message_s=msg, host_probe=True)
+
+
 def read_opt_probes(path: str | None) -> dict[tuple, dict]:
     """(model, backend) -> the latest ``benchmarks/layerwise_probe.py`` row for it."""
     out: dict[tuple, dict] = {}
@@ -135,17 +178,19 @@ def with_optimizer(row: dict, probes: dict[tuple, dict]) -> dict:
     return r
 
 
-def tables(rows: list[dict], probes: dict[tuple, dict] | None = None) -> list[ValidationTable]:
+def tables(rows: list[dict], probes: dict[tuple, dict] | None = None,
+           host: dict[tuple, dict] | None = None) -> list[ValidationTable]:
     base = [replay_row(r) for r in rows]
     msg = [calibrated(r, "rate+message") for r in base]
-    return [validate(base), validate([calibrated(r, "rate") for r in base]), validate(msg),
+    return [validate(base), validate([with_host_probe(r, host or {}) for r in base]),
+            validate([calibrated(r, "rate") for r in base]), validate(msg),
             validate([with_optimizer(r, probes or {}) for r in msg])]
 
 
 def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
     lines = ["| config | model | strategy | backend | n | k | bandwidth | compute x | measured ms | "
-             "uncalibrated ms | error | rate-calibrated ms | error | rate+message ms | error | +optimizer ms | error |",
-             "|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             + " | ".join(f"{l} ms | error" for l in SHORT[:len(tables)]) + " |",
+             "|---|---|---|---|---:|---:|---|---:|---:|" + "---:|---:|" * len(tables)]
     for i, r in enumerate(rows):
         u = tables[0].rows[i]
         cells = " | ".join(f"{t.rows[i]['predicted_step_s'] * 1e3:.0f} | {t.rows[i]['error'] * 100:+.1f} %"
@@ -160,8 +205,9 @@ def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
 
 def summary(t: ValidationTable, label: str) -> str:
     w = t.worst
+    beyond = sum(1 for r in t.rows if abs(r["error"]) > 0.30)
     return (f"{label}: median absolute error {t.median_abs_error * 100:.1f} % over {len(t.rows)} cells, worst "
-            f"{w['model']}/{w['strategy']}/{w['backend']} {w['error'] * 100:+.1f} %")
+            f"{w['model']}/{w['strategy']}/{w['backend']} {w['error'] * 100:+.1f} %, {beyond} beyond 30 %")
 
 
 def merge_repeats(rows: list[dict]) -> list[dict]:
@@ -193,6 +239,9 @@ def main(argv=None) -> int:
     p.add_argument("results", nargs="+", help="grid results (JSON lines)")
     p.add_argument("--write", help="replace the generated part of this page's validation section")
     p.add_argument("--json", help="also write the per-cell errors here")
+    p.add_argument("--host-probe", default=HOST_PROBE,
+                   help=f"per-call costs measured on this machine before any run (pushpull bench probe --out; "
+                        f"default {HOST_PROBE})")
     p.add_argument("--opt-probe", default=OPT_PROBE,
                    help=f"optimizer-cost probes (benchmarks/layerwise_probe.py) for cells without their own "
                         f"(default {OPT_PROBE})")
@@ -203,10 +252,14 @@ def main(argv=None) -> int:
     # ddp (PyTorch's DistributedDataParallel, a peer in the grid) has no model in the simulator
     rows = merge_repeats([r for r in rows if r.get("mode") == "namespaces" and not r.get("compression")
                           and r.get("base_strategy") != "ddp"])
-    tabs = tables(rows, read_opt_probes(a.opt_probe))
+    host = read_host_probes(a.host_probe)
+    tabs = tables(rows, read_opt_probes(a.opt_probe), host)
     labels = LABELS
     md = combined_markdown(rows, tabs)
     sums = [summary(t, l) for t, l in zip(tabs, labels)]
+    unprobed = sum(1 for r in tabs[1].rows if not r["cell"].get("host_probe"))
+    if unprobed:
+        sums[1] += f" ({unprobed} cells without a host probe of their backend and size: uncalibrated there)"
     print(md)
     print()
     print("\n".join(sums))

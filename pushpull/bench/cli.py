@@ -12,6 +12,7 @@ import sys
 BENCHMARKS = {
     "allreduce": "push_pull against torch.distributed all-reduce on ResNet-50's gradients",
     "latency": "one-float push_pull against gloo all_reduce: median and p99 per call",
+    "probe": "per-call cost of a tiny reduction on this machine, for the simulator (--message-s, --latency)",
     "compression": "compressors: ratio, speed and accuracy",
     "scheduling": "every communication strategy on one model: step time and speedup over wfbp",
     "grid": "a grid of benchmark runs",

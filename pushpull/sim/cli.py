@@ -35,6 +35,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", help="PS servers (default: as many as workers)")
     p.add_argument("--bandwidth", required=True, help="per-host NIC bandwidth, e.g. 10gbit, 100mbit, 25Gbps")
     p.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
+    p.add_argument("--message-s", default="0us",
+                   help="per-message CPU time on a worker, overlapping the wire (default 0us; "
+                        "`pushpull bench probe` measures it and --latency on a machine before a run)")
     p.add_argument("--colocated", action="store_true", help="servers share the workers' machines (BytePS layout)")
     p.add_argument("--local-size", default="1", help="devices per worker machine, reduced locally (default 1)")
     p.add_argument("--no-local-reduce", action="store_true",
@@ -95,6 +98,7 @@ def _cluster(a, **over) -> ClusterConfig:
         workers=workers, servers=servers, bandwidth=bw,
         backend=getattr(a, "backend", "ps") or "ps",
         latency=_wrap(parse_duration, a.latency, "--latency"),
+        message_s=_wrap(parse_duration, a.message_s, "--message-s"),
         colocated=a.colocated,
         local_size=_int(a.local_size, "--local-size"),
         local_reduce=not a.no_local_reduce,
@@ -219,7 +223,8 @@ def _describe(profile: Profile, cluster: ClusterConfig, scale: float) -> str:
             if cluster.backend == "ps" else f"ring all-reduce over {cluster.workers} workers")
     return (f"{profile.model}: {profile.numel / 1e6:.1f}M params in {sum(1 for _ in profile.tensors())} tensors "
             f"({format_bytes(profile.nbytes)}), compute {profile.compute_s * scale * 1e3:.1f} ms/iter; "
-            f"{topo}, {format_bandwidth(cluster.bandwidth)}, latency {cluster.latency * 1e6:g} us")
+            f"{topo}, {format_bandwidth(cluster.bandwidth)}, latency {cluster.latency * 1e6:g} us"
+            + (f", {cluster.message_s * 1e6:g} us CPU per message" if cluster.message_s else ""))
 
 
 def sim_main(argv: list[str] | None = None) -> int:

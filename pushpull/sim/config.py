@@ -122,6 +122,23 @@ class ClusterConfig:
         return 2 * self.latency, 2.0 / eff
 
 
+def per_call_costs(backend: str, workers: int, t_small: float, t_stream: float) -> tuple[float, float]:
+    """(latency, message_s) of a ClusterConfig from two timings of tiny reductions: ``t_stream``, the time
+    per reduction in a stream of small ones, is the per-message CPU stage (what a worker gets through when
+    the wire is idle); what one tiny reduction alone (``t_small``) takes beyond it is latency, split over
+    the model's latency terms (PS: a push and a pull; ring: 2(n-1) steps). The ``auto`` strategy maps its
+    start-up probes with this, and the validation the probe a user runs before a job
+    (``pushpull bench probe``)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    for name, v in (("t_small", t_small), ("t_stream", t_stream)):
+        if not (v >= 0) or math.isinf(v):
+            raise ValueError(f"{name} must be a finite number >= 0 s, got {v!r}")
+    msg = min(t_stream, t_small)
+    hops = 2 if backend == "ps" else 2 * max(1, workers - 1)
+    return max(1e-6, (t_small - msg) / hops), msg
+
+
 @dataclass
 class Compression:
     """Gradient compression as the network sees it.
@@ -177,6 +194,6 @@ class SimOptions:
 
 
 __all__ = [
-    "ClusterConfig", "Compression", "SimOptions", "BACKENDS",
+    "ClusterConfig", "Compression", "SimOptions", "BACKENDS", "per_call_costs",
     "parse_bandwidth", "parse_bytes", "parse_duration", "format_bandwidth", "format_bytes",
 ]

@@ -53,3 +53,24 @@ def test_latency_bench_json_contract():
     assert d["pushpull_p99_us"] >= d["pushpull_median_us"] and d["allreduce_p99_us"] >= d["allreduce_median_us"]
     assert math.isclose(d["ratio_vs_allreduce"], d["pushpull_median_us"] / d["allreduce_median_us"])
     assert math.isclose(d["p99_over_median"], d["pushpull_p99_us"] / d["pushpull_median_us"])
+
+
+@pytest.mark.timeout(180)
+def test_probe_bench_rows(tmp_path):
+    """``pushpull bench probe`` end to end at a few calls: one job per backend on this machine, the
+    printed simulator settings, and one JSON line per backend whose settings are the mapping of its two
+    timings (no timing goal asserted)."""
+    from pushpull.sim.config import per_call_costs
+
+    out = tmp_path / "probe.jsonl"
+    r = subprocess.run([sys.executable, "-m", "pushpull", "bench", "probe", "--workers", "2", "--servers", "1",
+                        "--reps", "5", "--out", str(out)], capture_output=True, text=True, timeout=160, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "pushpull sim --backend ps --message-s" in r.stdout
+    assert "pushpull sim --backend allreduce --message-s" in r.stdout
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [(d["backend"], d["workers"], d["servers"]) for d in rows] == [("ps", 2, 1), ("allreduce", 2, 1)]
+    for d in rows:
+        assert d["t_small_s"] > 0 and d["t_stream_s"] > 0
+        lat, msg = per_call_costs(d["backend"], 2, d["t_small_s"], d["t_stream_s"])
+        assert (d["latency_s"], d["message_s"]) == (pytest.approx(lat), pytest.approx(msg))

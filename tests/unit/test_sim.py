@@ -351,6 +351,59 @@ def test_sim_cli_table_json_sweep(profile_path, tmp_path, capsys):
     assert "compute/comm = 0.5" in out and (tmp_path / "p.png").stat().st_size > 1000
 
 
+def test_sim_cli_message_s_reaches_the_cluster(profile_path, capsys):
+    """--message-s is the per-message CPU stage: BSP's one collective pays it once, before the ring."""
+    args = ["--profile", str(profile_path), "--workers", "4", "--bandwidth", "10gbit", "--backend", "allreduce",
+            "--strategy", "bsp", "--json"]
+    assert sim_main(args) == 0
+    free = json.loads(capsys.readouterr().out)[0]
+    assert sim_main(args + ["--message-s", "10ms"]) == 0
+    charged = json.loads(capsys.readouterr().out)[0]
+    assert charged["comm_span_s"] - free["comm_span_s"] == pytest.approx(0.010)
+
+
+def test_per_call_costs_stream_is_the_stage_the_rest_latency():
+    """A user's (or the auto strategy's) two timings of tiny reductions -> the cluster's per-message
+    stage and latency: the stream's time per reduction is the stage; what one alone takes beyond it is
+    latency, over a push and a pull (PS) or the ring's 2(n-1) steps."""
+    from pushpull.sim.config import per_call_costs
+
+    assert per_call_costs("ps", 4, 2e-3, 5e-4) == pytest.approx((0.75e-3, 5e-4))
+    assert per_call_costs("allreduce", 4, 2e-3, 5e-4) == pytest.approx((0.25e-3, 5e-4))
+
+
+def test_per_call_costs_a_stream_slower_than_one_call_is_all_stage():
+    from pushpull.sim.config import per_call_costs
+
+    lat, msg = per_call_costs("allreduce", 8, 1e-3, 3e-3)
+    assert msg == pytest.approx(1e-3) and lat == pytest.approx(1e-6)
+    with pytest.raises(ValueError, match="t_small"):
+        per_call_costs("ps", 4, float("nan"), 1e-3)
+
+
+def test_validation_host_probe_column_adds_only_what_was_probed():
+    """benchmarks/validate_sim.py's "+host probe" column: a cell gets the per-call costs probed before
+    any run for its backend and number of workers (its path delay stays added to the latency); a cell
+    with no such probe stays uncalibrated (and says so)."""
+    import importlib.util
+    from pathlib import Path
+
+    from pushpull.sim.config import per_call_costs
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_sim.py"
+    spec = importlib.util.spec_from_file_location("validate_sim", path)
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    probes = {("allreduce", 4): {"t_small_s": 6e-3, "t_stream_s": 4e-3}}
+    row = {"backend": "allreduce", "workers": 4, "delay": "5ms", "latency": 5.05e-3}
+    got = vs.with_host_probe(row, probes)
+    lat, msg = per_call_costs("allreduce", 4, 6e-3, 4e-3)
+    assert got["host_probe"] and got["message_s"] == pytest.approx(msg)
+    assert got["latency"] == pytest.approx(5e-3 + lat)
+    other = vs.with_host_probe({"backend": "ps", "workers": 4}, probes)
+    assert not other["host_probe"] and "message_s" not in other and "latency" not in other
+
+
 def test_cli_bad_input_names_argument(profile_path, capsys):
     assert sim_main(["--profile", str(profile_path), "--workers", "4", "--bandwidth", "fast"]) == 2
     assert "--bandwidth" in capsys.readouterr().err

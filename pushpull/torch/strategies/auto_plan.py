@@ -19,7 +19,7 @@ import math
 
 from pushpull.config import DEFAULTS
 from pushpull.profiles import DTYPE_BYTES, LayerProfile, Profile, TensorSpec
-from pushpull.sim.config import ClusterConfig, SimOptions
+from pushpull.sim.config import ClusterConfig, SimOptions, per_call_costs
 from pushpull.sim.engine import simulate
 from pushpull.sim.plan import plan
 from pushpull.sim.strategies import ByteScheduler, Fusion
@@ -71,9 +71,7 @@ def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_pr
     the wire is idle); the latency is what one tiny reduction takes beyond that, split over the model's
     latency terms (PS: push + pull; ring: 2(n-1) steps); the bandwidth is found by bisection so that one
     reduction of ``probe_bytes`` takes ``t_probe``."""
-    msg = max(0.0, min(t_stream, t_small))
-    hops = 2 if backend == "ps" else 2 * max(1, workers - 1)
-    lat = max(1e-6, (t_small - msg) / hops)
+    lat, msg = per_call_costs(backend, workers, max(0.0, t_small), max(0.0, t_stream))
     colocated = bool(colocated and servers <= workers)
 
     def cl(bw: float) -> ClusterConfig:
