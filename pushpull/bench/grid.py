@@ -586,6 +586,8 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
                                    "bandwidth_bytes_s", "delay", "ratio", "grad_mb", "repeat", "size_scale",
                                    "compute_scale", "batch_size", "ps_partition_bytes", "congestion", "auth",
                                    "local_size", "local_reduce")}
+        if "congestion_asked" in job:
+            row["congestion_asked"] = job["congestion_asked"]
         row.update({
             "config": cfg["name"], "strategy": r["name"], "base_strategy": r["base"], "layerwise": r["layerwise"],
             "partition_bytes": r["partition_bytes"], "credit_bytes": r["credit_bytes"],

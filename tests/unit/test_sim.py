@@ -390,7 +390,7 @@ def test_validation_host_probe_column_adds_only_what_was_probed():
 
     from pushpull.sim.config import per_call_costs
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_sim.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "validate_sim.py"
     spec = importlib.util.spec_from_file_location("validate_sim", path)
     vs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vs)
