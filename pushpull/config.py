@@ -238,9 +238,11 @@ SETTINGS: tuple[Setting, ...] = (
       "Summation threads per server; 0 = sum on the thread that receives (no hand-off between threads). "
       "`pushpull launch` picks it from the cores unless set: cores / (workers + servers), between 1 and 4."),
     S("server_enable_schedule", ["BYTEPS_SERVER_ENABLE_SCHEDULE"], False, _bool, "0 | 1",
-      "Accepted for BytePS launch scripts and ignored (the server logs a warning): BytePS orders its servers' "
-      "engine queue by key priority; here each worker's default credit window keeps only about a bandwidth-delay "
-      "product in flight, so a server's queue holds little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
+      "As in BytePS, a server's engine threads serve what is queued for them keys with fewer pushes received "
+      "first (a key lagging behind the others is summed and answered before keys that are ahead; each key's "
+      "requests keep their order). Keys up to 64 KiB are summed on arrival and never queued. Off by default: "
+      "each worker's credit window keeps only about a bandwidth-delay product in flight, so a queue holds "
+      "little to reorder (docs/results/byteps_ps_vs_allreduce.md)."),
     S("enable_async", ["BYTEPS_ENABLE_ASYNC"], False, _bool, "0 | 1",
       "Asynchronous training: pushpull.torch.DistributedOptimizer trains as asynchronous=True (each worker steps "
       "on its own gradients and pushes the change to the servers' copy of the parameters, which a pull returns at "

@@ -97,6 +97,7 @@ class KeyState:
     # the ranks that push this key (None: every worker). With the local reduce each machine's processes
     # reduce together first and one of them pushes each slice, so a slice's key has one pusher per machine
     writers: frozenset | None = None
+    pushes: int = 0  # pushes summed since the last reset: BYTEPS_SERVER_ENABLE_SCHEDULE serves keys with fewer first
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
@@ -121,6 +122,7 @@ class KeyState:
         self.num_workers = num_workers
         self.slots = [Slot() for _ in self.slots]
         self.completed = 0
+        self.pushes = 0
         self.deferred = []
         if self.codec is not None and hasattr(self.codec, "reset"):
             self.codec.reset()
@@ -196,6 +198,7 @@ class KeyState:
         else:
             slot.acc.add(data)
         slot.pushed.add(rank)
+        self.pushes += 1
         if self._enough(slot):
             self._complete(slot)
             return slot

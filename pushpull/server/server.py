@@ -42,6 +42,26 @@ _SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
 _FROM_WORKERS = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.STATUS, *_SPARSE)
 
 
+def scheduled(items: list, q: queue.SimpleQueue) -> tuple[list, bool]:
+    """BYTEPS_SERVER_ENABLE_SCHEDULE: everything queued for an engine thread so far (``items`` and whatever
+    else waits in ``q``), keys that have received fewer pushes first, so a key that lags behind the others
+    is summed (and its round answered) before keys that are ahead. The sort is stable and a key's requests
+    share its count, so each key's pushes and pulls keep their arrival order. Also says whether the stop
+    marker (None) was among them."""
+    batch, stop = list(items), False
+    while True:
+        try:
+            more = q.get_nowait()
+        except queue.Empty:
+            break
+        if more is None:
+            stop = True
+            break
+        batch.extend(more)
+    batch.sort(key=lambda item: item[2].pushes)
+    return batch, stop
+
+
 class Server:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -73,9 +93,9 @@ class Server:
         self.trace = None  # a ServerTrace once registered, with PUSHPULL_TRACE_ON=1
 
     def run(self) -> int:
-        if self.cfg.server_enable_schedule:
-            log.warning("BYTEPS_SERVER_ENABLE_SCHEDULE=1 has no effect in pushpull: the workers' credit window "
-                        "keeps only about a bandwidth-delay product in flight (docs/configuration.md)")
+        if self.cfg.server_enable_schedule and not self.engines:
+            log.warning("BYTEPS_SERVER_ENABLE_SCHEDULE=1 has no effect with BYTEPS_SERVER_ENGINE_THREAD=0: "
+                        "requests are served on the receiving thread as they arrive")
         if self.cfg.keep_freed_buffers:
             keep_freed_buffers()
         self.van.start()
@@ -387,10 +407,18 @@ class Server:
             self.engines[engine].put(items)
 
     def _engine(self, q: queue.SimpleQueue) -> None:
+        schedule = self.cfg.server_enable_schedule
         while True:
             items = q.get()
             if items is None:
                 return
+            if schedule:
+                items, stop = scheduled(items, q)
+                for item in items:
+                    self._serve(*item)
+                if stop:
+                    return
+                continue
             for item in items:
                 self._serve(*item)
 

@@ -83,6 +83,14 @@ def test_credit_limited_scheduling_gives_same_sums():
     assert_ok(launch(2, 2, "partitions", "many", "rounds", env=env), 2)
 
 
+def test_server_schedule_gives_same_sums():
+    """BYTEPS_SERVER_ENABLE_SCHEDULE=1 reorders the engine threads' queues (80 kB partitions: queued, not
+    summed on arrival); every sum stays exact (the order itself: tests/unit/test_server_schedule.py)."""
+    env = {"BYTEPS_PARTITION_BYTES": "80000", "BYTEPS_SERVER_ENABLE_SCHEDULE": "1",
+           "BYTEPS_SERVER_ENGINE_THREAD": "2"}
+    assert_ok(launch(3, 2, "partitions", "many", "rounds", env=env), 3)
+
+
 def test_shape_mismatch_raises_on_every_worker_quickly():
     t0 = time.monotonic()
     res = launch(3, 2, "mismatch", timeout=60)
