@@ -5,7 +5,7 @@ back (BytePS's reduce-scatter -> push/pull -> all-gather inside a machine; Jiang
 Why: without it every process is its own network endpoint, so a machine with local_size processes sends
 each gradient local_size times over its one link. With it the link carries each gradient once, split over
 the local processes: slice j of every tensor is pushed by local rank j of each machine, so the key of a
-slice has one pusher per machine (:class:`~pushpull.worker.engine.KeySpec` ``writers``; the servers wait
+slice has one pusher per machine (:class:`~pushpull.worker.table.KeySpec` ``writers``; the servers wait
 for exactly those ranks). Sums are those of the flat path; an average still divides by the global size.
 
 How: one shared-memory file per tensor name and machine, ``local_size`` slots of the tensor's bytes plus a
@@ -211,7 +211,7 @@ class LocalReduce:
     # ------------------------------------------------------------ caller side --
     def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool, priority: int,
                compression, spec, sig: int) -> Handle:
-        from pushpull.worker.engine import SUPPORTED, _raw_bytes
+        from pushpull.worker.table import SUPPORTED, raw_bytes
 
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported")
@@ -243,10 +243,10 @@ class LocalReduce:
                                  f"starting another with the same name")
             self.busy.add(name)
             self.rounds[name] = rnd = self.rounds.get(name, 0) + 1
-        inp = _raw_bytes(src)
+        inp = raw_bytes(src)
         h = Handle(name, output if output is not None else out)
         op = LocalOp(handle=h, name=name, inp=inp, out=out,
-                     out_bytes=inp if out.data_ptr() == src.data_ptr() else _raw_bytes(out), user_out=user_out,
+                     out_bytes=inp if out.data_ptr() == src.data_ptr() else raw_bytes(out), user_out=user_out,
                      device=device if device.type != "cpu" else None, average=average, priority=priority,
                      compression=compression, spec=spec, sig=sig, round=rnd, seg=None, stage="free", net=None,
                      since=time.monotonic(), dtype=src.dtype, numel=src.numel(), waiting=[])
@@ -425,7 +425,7 @@ class LocalReduce:
         self.stats["bytes_reduced"] += b1 - b0
         writers = tuple(m * self.L + p for m in range(self.num_machines))
         spec = dataclasses.replace(op.spec, writers=writers)
-        op.net = self.engine._submit_flat(mine, mine, f"{op.name}#local{p}of{self.L}", op.average, op.priority,
+        op.net = self.engine.submit_flat(mine, mine, f"{op.name}#local{p}of{self.L}", op.average, op.priority,
                                           op.compression, spec, op.sig)
         op.net.add_done_callback(lambda _h: self.wake.set())
         op.stage, op.since, op.waiting = "net", time.monotonic(), []

@@ -86,7 +86,7 @@ class Tracer:
             self._resp.clear()
             self._window_start = time.perf_counter()
         if self.engine is not None:
-            self.engine.tracer = self if on else None
+            self.engine.set_tracer(self if on else None)
         if TRACER is self:
             current = self if on else None
 
@@ -255,7 +255,7 @@ def uninstall() -> None:
     if tr is None:
         return
     if tr.engine is not None:
-        tr.engine.tracer = None
+        tr.engine.set_tracer(None)
     TRACER = None
     current = None
     tr.flush()
