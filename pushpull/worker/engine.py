@@ -153,7 +153,8 @@ class Engine:
             self.local_reason = why
             log.info("worker %d: no local reduce (%s): every process pushes whole tensors", self.rank, why)
             return
-        self.local = LocalReduce(self, timeout=self.cfg.timeout, **args)
+        self.local = LocalReduce(self.submit_flat, lambda: self.member.failure, self.stats, timeout=self.cfg.timeout,
+                                 **args)
 
     def shutdown(self) -> None:
         """Leave the job: tell the scheduler, and wait until every worker has (so servers outlive the last

@@ -1,14 +1,17 @@
 """The tensor pipeline: one push_pull's stages, on the communication thread, in the order they run.
 
-    partition   cut a tensor into partitions of at most partition_bytes (first use;
-                :meth:`pushpull.worker.table.TensorTable.entry`, on the caller's thread)
-    set up      ASSIGN (where each partition lives) then INIT (a per-key barrier)   :meth:`start` .. :meth:`ready`
-    queue       every partition into the credit queue, by priority                  :meth:`enqueue`
-    compress    the admitted partition, inline or on the codec pool                 :meth:`compress`
-    push/pull   one PUSH that also asks for the round's sum                          :meth:`push`
-    decompress  the sum, when it came compressed                                     :meth:`decompress`
-    average     sum -> mean (:class:`pushpull.worker.average.Averager`)               :meth:`pulled`
-    output      the last partition completes the op: device copy, handle released    :meth:`finish`
+    partition   cut a tensor into partitions of at most partition_bytes, on first use
+                (:meth:`pushpull.worker.table.TensorTable.entry`, on the caller's thread)
+    set up      ASSIGN (where each partition lives), then INIT (a per-key barrier)
+                :meth:`start`, :meth:`on_assigned`, :meth:`send_inits`, :meth:`on_inited`, :meth:`ready`
+    queue       every partition into the credit queue, by priority: :meth:`enqueue`
+    compress    a partition the credit admitted, inline or on the codec pool: :meth:`compress`
+    push/pull   one PUSH that also asks for the round's sum: :meth:`push`; the sum: :meth:`on_pulled`
+    decompress  the sum, when it came compressed: :meth:`decompress`
+    average     sum -> mean (:class:`pushpull.worker.average.Averager`): on arrival in :meth:`on_pulled`
+                and :meth:`decompress`, the rest in :meth:`finish`
+    output      the last partition (:meth:`pulled`) completes the op: device copy, handle released
+                at the end of the I/O pass (:meth:`finish`)
 
 Why all on one thread: every per-tensor state is touched here only, so it needs no locks; the caller's
 thread only validates, registers the op and returns a handle. The messages themselves are the key-value
