@@ -3,6 +3,8 @@
 van and a server stand-in whose sum is a known function of the one push it sees."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -60,12 +62,12 @@ class Harness:
         self.pipeline = Pipeline(self.table, Averager(size), self.stats, on_reset=self.resets.append)
         self.kv = KVClient(self.van, MemoryMember(self.van), 0, self.pipeline, credit_bytes)
         self.pipeline.bind(self.kv)
-        self.partition_bytes = partition_bytes
+        self.cfg = SimpleNamespace(partition_bytes=partition_bytes, min_compress_bytes=0)
         self.combine = combine
         self.held: list = []
 
     def submit(self, name: str, tensor: torch.Tensor, average: bool = True) -> Op:
-        e = self.table.entry(name, tuple(tensor.shape), tensor.dtype, None, PLAIN, self.partition_bytes, 0)
+        e = self.table.entry(name, tuple(tensor.shape), tensor.dtype, None, PLAIN, self.cfg)
         out = torch.empty_like(tensor)
         op = Op(Handle(name, out), e, raw_bytes(tensor.contiguous()), out, raw_bytes(out), average, 0)
         e.busy = True

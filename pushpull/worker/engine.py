@@ -73,7 +73,6 @@ class Engine:
         self.changed_unseen = False  # a RESET happened and no WorkersChanged reached the caller since
         self._join_done = threading.Event()  # join(): set when every worker has joined
         self._join_last = -1
-        self.changed_reason = ""
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
@@ -91,6 +90,7 @@ class Engine:
     queue = property(lambda self: self.kv.queue, doc="the credit queue")
     window = property(lambda self: self.kv.window,
                       doc="BYTEPS_SCHEDULING_CREDIT=auto with remote servers, while in force")
+    changed_reason = property(lambda self: self.pipeline.changed_reason, doc="what the last change of the job was")
     tracer = property(lambda self: self.pipeline.tracer, doc="the timeline while a traced step runs (set_tracer)")
     pool = property(lambda self: self.pipeline.pool,
                     doc="BYTEPS_THREADPOOL_SIZE's codec threads (made at start)")
@@ -244,8 +244,7 @@ class Engine:
     def _entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None,
                spec: KeySpec = PLAIN) -> Entry:
         """The partition stage (:meth:`TensorTable.entry`) at this config's sizes; with the table lock held."""
-        return self.table.entry(name, shape, dtype, compression, spec, self.cfg.partition_bytes,
-                                self.cfg.min_compress_bytes)
+        return self.table.entry(name, shape, dtype, compression, spec, self.cfg)
 
     def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool,
                priority: int = 0, compression: dict | None = None, spec: KeySpec = PLAIN, sig: int = 0,
@@ -322,16 +321,8 @@ class Engine:
         op.handle._describe = lambda: self._describe(op)
         op.gen = self.kv.gen
         op.handle.output = output if output is not None else out
-        self.van.call_soon(lambda: self._start(op))
+        self.van.call_soon(lambda: self.pipeline.start(op))
         return op.handle
-
-    def _start(self, op: Op) -> None:
-        """On the I/O thread: the op enters the pipeline, unless the job changed since it was submitted
-        (then it belongs to no round)."""
-        if op.gen != self.kv.gen:
-            self.pipeline.finish(op, f"tensor {op.entry.name!r}: {self.changed_reason}", WorkersChanged)
-            return
-        self.pipeline.start(op)
 
     def _abort_next_round(self, name: str, error: str) -> None:
         """This rank cannot take part in the next round of ``name`` (it changed shape, dtype or op): fail
@@ -514,7 +505,7 @@ class Engine:
         reason = (f"the job changed ({d.get('lost')}): {self.size} workers, this one is rank {self.rank} now "
                   f"(generation {self.gen})")
         (log.info if "joined_last" in d else log.warning)("%s", reason)
-        self.changed_reason, self.changed_unseen = reason, True
+        self.changed_unseen = True
         self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()})
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
             self.changed_unseen = False

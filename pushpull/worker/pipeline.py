@@ -56,6 +56,7 @@ class Pipeline:
         self.tracer = None                # collaborators: see the module docstring
         self.lr: Callable[[], float] | None = None
         self.pool: ThreadPoolExecutor | None = None
+        self.changed_reason = ""          # the last change of the job (elastic), as the ops it failed say
         self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
 
     def bind(self, kv: KVClient) -> None:
@@ -71,6 +72,9 @@ class Pipeline:
     def start(self, op: Op) -> None:
         """Number the op's round; on to the queue when its tensor is ready, else wait for the set-up."""
         e = op.entry
+        if op.gen != self.kv.gen:  # submitted before a change of the job took effect: it belongs to no round
+            self.finish(op, f"tensor {e.name!r}: {self.changed_reason}", WorkersChanged)
+            return
         e.round += 1
         op.round = e.round
         state = e.state
@@ -344,6 +348,7 @@ class Pipeline:
         """The workers changed (elastic): every op fails with WorkersChanged, the partitions of a lost server
         move (and are declared again), and every tensor's rounds start again from 1."""
         kv = self.kv
+        self.changed_reason = reason
         for op in list(kv.inflight.values()):
             self.finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
         kv.inflight.clear()

@@ -153,6 +153,7 @@ class Op:
         self.reader = reader        # False: this rank only contributes; the server answers it an empty body
         self.offset = offset        # concat keys: where this rank's bytes go in the key
         self.counts = None          # backup workers: [(offset, nbytes, pushes summed)] not yet averaged
+        self.gen = 0                # the membership generation it was submitted in (elastic training)
 
 
 class TensorTable:
@@ -164,10 +165,11 @@ class TensorTable:
         self.lock = threading.Lock()
 
     def entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None, spec: KeySpec,
-              partition_bytes: int, min_compress_bytes: int) -> Entry:
+              cfg) -> Entry:
         """Stage 1, partition: the entry of ``name``, made on first use (cut into partitions of at most
-        ``partition_bytes``, whole elements each, with its compression chosen), with the lock held. The
-        sizes come from the config at first use: a strategy's later partition size applies to new tensors."""
+        ``cfg.partition_bytes``, whole elements each, with its compression chosen), with the lock held. The
+        sizes are read at first use only (a strategy's later partition size applies to new tensors; and a
+        config read costs a method call, paid per tensor per step otherwise)."""
         e = self.entries.get(name)
         if e is not None:
             if e.shape != shape or e.dtype != dtype:
@@ -179,13 +181,14 @@ class TensorTable:
             return e
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-        pbytes = max(itemsize, partition_bytes // itemsize * itemsize)
+        pbytes = max(itemsize, cfg.partition_bytes // itemsize * itemsize)
         parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
         if compression:
             from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
 
             try:
-                use_compression = for_tensor(compression, nbytes, dtype.is_floating_point, min_compress_bytes)
+                use_compression = for_tensor(compression, nbytes, dtype.is_floating_point,
+                                             cfg.min_compress_bytes)
             except (ValueError, TypeError) as ex:
                 raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
         else:
