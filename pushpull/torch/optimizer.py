@@ -78,7 +78,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._lr_getter = lambda: self.param_groups[0]["lr"]
         eng = ops.engine()
         if eng is not None:
-            eng.lr_getter = self._lr_getter
+            eng.set_lr_getter(self._lr_getter)
         # without the model, learn the forward order once from the first backward pass:
         # gradients become ready in roughly reverse forward order
         self._learn_order = model is None

@@ -5,7 +5,7 @@ back (BytePS's reduce-scatter -> push/pull -> all-gather inside a machine; Jiang
 Why: without it every process is its own network endpoint, so a machine with local_size processes sends
 each gradient local_size times over its one link. With it the link carries each gradient once, split over
 the local processes: slice j of every tensor is pushed by local rank j of each machine, so the key of a
-slice has one pusher per machine (:class:`~pushpull.worker.engine.KeySpec` ``writers``; the servers wait
+slice has one pusher per machine (:class:`~pushpull.worker.table.KeySpec` ``writers``; the servers wait
 for exactly those ranks). Sums are those of the flat path; an average still divides by the global size.
 
 How: one shared-memory file per tensor name and machine, ``local_size`` slots of the tensor's bytes plus a
@@ -33,6 +33,7 @@ import queue
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -132,14 +133,20 @@ class LocalOp:
 
 
 class LocalReduce:
-    """The local reduce of one worker process; created by the engine when it applies (``applies``)."""
+    """The local reduce of one worker process; created by the engine when it applies (``applies``), which
+    hands in what it uses of the engine: ``push_pull`` (its submit without the local reduce: a slice's
+    reduction across machines), ``failure`` (the cluster's failure text, or None) and ``engine_stats``
+    (its counters: errors raised to the caller)."""
 
-    def __init__(self, engine, local_rank: int, local_size: int, group: list[int], pids: dict[int, int | None],
+    def __init__(self, push_pull: Callable[..., Handle], failure: Callable[[], str | None], engine_stats: dict,
+                 local_rank: int, local_size: int, group: list[int], pids: dict[int, int | None],
                  tag: str, num_machines: int, timeout: float):
         if local_size > MAX_LOCAL:
             raise PushPullError(f"BYTEPS_LOCAL_SIZE={local_size}: the local reduce takes at most {MAX_LOCAL} "
                                 f"processes per machine; set PUSHPULL_LOCAL_REDUCE=0")
-        self.engine = engine
+        self.push_pull = push_pull
+        self.cluster_failure = failure
+        self.engine_stats = engine_stats
         self.p = local_rank
         self.L = local_size
         self.group = group  # global rank of each local rank
@@ -211,13 +218,13 @@ class LocalReduce:
     # ------------------------------------------------------------ caller side --
     def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool, priority: int,
                compression, spec, sig: int) -> Handle:
-        from pushpull.worker.engine import SUPPORTED, _raw_bytes
+        from pushpull.worker.table import SUPPORTED, raw_bytes
 
         if tensor.dtype not in SUPPORTED:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported")
-        eng = self.engine
-        if eng.member.failure:
-            raise PushPullError(f"push_pull of tensor {name!r}: {eng.member.failure}")
+        failure = self.cluster_failure()
+        if failure:
+            raise PushPullError(f"push_pull of tensor {name!r}: {failure}")
         device = tensor.device
         src = tensor.detach()
         if src.device.type != "cpu":
@@ -243,10 +250,10 @@ class LocalReduce:
                                  f"starting another with the same name")
             self.busy.add(name)
             self.rounds[name] = rnd = self.rounds.get(name, 0) + 1
-        inp = _raw_bytes(src)
+        inp = raw_bytes(src)
         h = Handle(name, output if output is not None else out)
         op = LocalOp(handle=h, name=name, inp=inp, out=out,
-                     out_bytes=inp if out.data_ptr() == src.data_ptr() else _raw_bytes(out), user_out=user_out,
+                     out_bytes=inp if out.data_ptr() == src.data_ptr() else raw_bytes(out), user_out=user_out,
                      device=device if device.type != "cpu" else None, average=average, priority=priority,
                      compression=compression, spec=spec, sig=sig, round=rnd, seg=None, stage="free", net=None,
                      since=time.monotonic(), dtype=src.dtype, numel=src.numel(), waiting=[])
@@ -303,7 +310,7 @@ class LocalReduce:
     def failure_text(self) -> str | None:
         """The cluster's failure, saying which local process it was when one of this machine's died (the
         scheduler sees a dead process's connection close and tells everyone at once)."""
-        failure = self.engine.member.failure
+        failure = self.cluster_failure()
         if failure:
             dead = [q for q in range(self.L) if q != self.p and pid_dead(self.pids.get(q))]
             if dead:
@@ -425,8 +432,8 @@ class LocalReduce:
         self.stats["bytes_reduced"] += b1 - b0
         writers = tuple(m * self.L + p for m in range(self.num_machines))
         spec = dataclasses.replace(op.spec, writers=writers)
-        op.net = self.engine._submit_flat(mine, mine, f"{op.name}#local{p}of{self.L}", op.average, op.priority,
-                                          op.compression, spec, op.sig)
+        op.net = self.push_pull(mine, mine, f"{op.name}#local{p}of{self.L}", op.average, op.priority,
+                                op.compression, spec, op.sig)
         op.net.add_done_callback(lambda _h: self.wake.set())
         op.stage, op.since, op.waiting = "net", time.monotonic(), []
 
@@ -453,7 +460,7 @@ class LocalReduce:
         if error is None:
             op.handle.complete()
         else:
-            self.engine.stats["errors"] += 1
+            self.engine_stats["errors"] += 1
             op.handle.fail(error)
 
     def close(self) -> None:

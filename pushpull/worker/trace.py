@@ -4,7 +4,8 @@ trace in ``<trace_dir>/<rank>/timeline.json`` (``PUSHPULL_TRACE_ON=1``).
 Why a module-level object: the engine, the optimizer, the strategies and the
 auto-tuner all add events to one per-process timeline, and when tracing is off
 each of them pays exactly one attribute check (``trace.current is None`` in the
-training code, ``engine.tracer is None`` on the I/O thread).
+training code, ``Pipeline.tracer is None`` on the I/O thread, handed in by
+``Engine.set_tracer``).
 
 Steps are counted by ``DistributedOptimizer.step()`` (one call = one step) or,
 once a program calls :func:`step` (``pushpull.torch.trace_step()``) itself,
@@ -86,7 +87,7 @@ class Tracer:
             self._resp.clear()
             self._window_start = time.perf_counter()
         if self.engine is not None:
-            self.engine.tracer = self if on else None
+            self.engine.set_tracer(self if on else None)
         if TRACER is self:
             current = self if on else None
 
@@ -241,7 +242,7 @@ def install(cfg, rank: int, engine=None) -> Tracer | None:
     tr = Tracer(path, rank, cfg.trace_start_step, cfg.trace_end_step, engine=None)
     TRACER = tr
     tr.engine = engine
-    tr._set_on(tr.on)  # publish ``current`` / ``engine.tracer`` for a window that starts at step 0
+    tr._set_on(tr.on)  # publish ``current`` / the engine's tracer for a window that starts at step 0
     tr.flush()  # an (empty) valid file from the start
     _install_exit_hooks()
     log.info("tracing steps %d..%d to %s", cfg.trace_start_step, cfg.trace_end_step, path)
@@ -255,7 +256,7 @@ def uninstall() -> None:
     if tr is None:
         return
     if tr.engine is not None:
-        tr.engine.tracer = None
+        tr.engine.set_tracer(None)
     TRACER = None
     current = None
     tr.flush()

@@ -1,0 +1,373 @@
+"""The tensor pipeline: one push_pull's stages, on the communication thread, in the order they run.
+
+    partition   cut a tensor into partitions of at most partition_bytes, on first use
+                (:meth:`pushpull.worker.table.TensorTable.entry`, on the caller's thread)
+    set up      ASSIGN (where each partition lives), then INIT (a per-key barrier)
+                :meth:`start`, :meth:`on_assigned`, :meth:`send_inits`, :meth:`on_inited`, :meth:`ready`
+    queue       every partition into the credit queue, by priority: :meth:`enqueue`
+    compress    a partition the credit admitted, inline or on the codec pool: :meth:`compress`
+    push/pull   one PUSH that also asks for the round's sum: :meth:`push`; the sum: :meth:`on_pulled`
+    decompress  the sum, when it came compressed: :meth:`decompress`
+    average     sum -> mean (:class:`pushpull.worker.average.Averager`): on arrival in :meth:`on_pulled`
+                and :meth:`decompress`, the rest in :meth:`finish`
+    output      the last partition (:meth:`pulled`) completes the op: device copy, handle released
+                at the end of the I/O pass (:meth:`finish`)
+
+Why all on one thread: every per-tensor state is touched here only, so it needs no locks; the caller's
+thread only validates, registers the op and returns a handle. The messages themselves are the key-value
+client's (:mod:`pushpull.worker.kv_client`), which calls back :meth:`on_assigned`, :meth:`on_inited`,
+:meth:`on_pulled` and :meth:`fail_entry`.
+
+Collaborators, handed in by the engine (never set from outside it): ``tracer`` (the timeline, while a
+traced step runs; the one check each stage makes when tracing is off), ``lr`` (the optimizer's learning
+rate, for error feedback), ``pool`` (BYTEPS_THREADPOOL_SIZE's codec threads: compression and
+decompression off this thread, in parallel, as their kernels release the GIL).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from pushpull.cluster.assign import part_key
+from pushpull.transport.protocol import Flags, Msg, encode_json, f32_bits, split_backup_extra
+from pushpull.worker.average import NP_FLOAT, Averager
+from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
+from pushpull.worker.kv_client import KVClient
+from pushpull.worker.table import (
+    ASSIGNING, DTYPE_NAME, FAILED, INITING, NEW, READY, Entry, Op, Partition, TensorTable,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """The stages of every push_pull through the engine (module docstring); the :class:`KVClient`'s upper."""
+
+    def __init__(self, table: TensorTable, averager: Averager, stats: dict, on_reset: Callable[[dict], None],
+                 on_errors: Callable[[int], None] | None = None):
+        self.table = table
+        self.entries = table.entries
+        self.avg = averager
+        self.stats = stats
+        self.on_reset = on_reset          # RESET from the scheduler: the engine's
+        self.kv: KVClient | None = None   # bound by the engine (the client reports back here)
+        self.tracer = None                # collaborators: see the module docstring
+        self.lr: Callable[[], float] | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.changed_reason = ""          # the last change of the job (elastic), as the ops it failed say
+        self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
+
+    def bind(self, kv: KVClient) -> None:
+        self.kv = kv
+        self.van = kv.van
+        kv.send_next = self.compress
+
+    def lr_now(self) -> float:
+        """Current learning rate for error feedback (1.0 until an optimizer hands its getter in)."""
+        return float(self.lr()) if self.lr is not None else 1.0
+
+    # ------------------------------------------------------------ set up --
+    def start(self, op: Op) -> None:
+        """Number the op's round; on to the queue when its tensor is ready, else wait for the set-up."""
+        e = op.entry
+        if op.gen != self.kv.gen:  # submitted before a change of the job took effect: it belongs to no round
+            self.finish(op, f"tensor {e.name!r}: {self.changed_reason}", WorkersChanged)
+            return
+        e.round += 1
+        op.round = e.round
+        state = e.state
+        if state is FAILED:
+            self.finish(op, e.error)
+        elif state is READY:
+            self.enqueue(op)
+        else:
+            e.waiting.append(op)
+            if state is NEW:
+                e.state = ASSIGNING
+                self.kv.assign(e, {"name": e.name, "shape": list(e.shape), "dtype": DTYPE_NAME[e.dtype],
+                                   "parts": [p.nbytes for p in e.parts],
+                                   **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})
+
+    def on_assigned(self, e: Entry, result: dict) -> None:
+        """The scheduler's answer: each partition's key and server; then its codecs, then INIT."""
+        base = int(result["key"])
+        parts = self.kv.parts
+        for p, server in zip(e.parts, result["servers"]):
+            p.key = part_key(base, p.index)
+            p.server = int(server)
+            p.sock = f"s{p.server}"
+            parts[p.key] = (e, p)
+        if e.compression:
+            from pushpull.worker.codec import WorkerCodec
+
+            itemsize = e.itemsize
+            try:
+                for p in e.parts:
+                    p.codec = WorkerCodec(e.compression, e.dtype, p.nbytes // itemsize, key=p.key,
+                                          lr_getter=self.lr_now)
+            except (ValueError, TypeError) as ex:
+                self.fail_entry(e, f"tensor {e.name!r}: compression {e.compression} rejected: {ex}")
+                return
+        e.state = INITING
+        e.pending_inits = len(e.parts)
+        if not e.parts:
+            self.ready(e)
+            return
+        self.send_inits(e, e.parts)
+
+    def send_inits(self, e: Entry, parts: list) -> None:
+        body = encode_json({"name": e.name, "compression": e.compression, **e.spec.declaration()})
+        itemsize = e.itemsize
+        for p in parts:
+            self.kv.init(p, e.code, p.nbytes // itemsize, body)
+
+    def on_inited(self, e: Entry) -> None:
+        e.pending_inits -= 1
+        if e.pending_inits == 0 and e.state is INITING:
+            self.ready(e)
+
+    def ready(self, e: Entry) -> None:
+        e.state = READY
+        waiting, e.waiting = e.waiting, []
+        for op in waiting:
+            self.enqueue(op)
+
+    def fail_entry(self, e: Entry, error: str) -> None:
+        """The tensor is unusable (a server's or the scheduler's error): its ops fail, and every later one."""
+        e.state = FAILED
+        e.error = error
+        waiting, e.waiting = e.waiting, []
+        for op in waiting:
+            self.finish(op, error)
+        for op in list(self.kv.inflight.values()):
+            if op.entry is e:
+                self.finish(op, error)
+
+    def fail_message(self, msg: Msg, error: str) -> None:
+        op = self.kv.inflight.get(msg.header.key)
+        if op is not None:
+            self.finish(op, f"tensor {op.entry.name!r}: {error}")
+
+    # ------------------------------------------------------------ queue --
+    def enqueue(self, op: Op) -> None:
+        e = op.entry
+        op.remaining = len(e.parts)
+        if not e.parts:
+            self.finish(op, None)
+            return
+        queue = self.kv.queue
+        for p in e.parts:
+            queue.push((op, p), p.nbytes, op.priority, p.index)
+        queue.admit(self.compress)
+
+    # ------------------------------------------------------------ compress --
+    def compress(self, item, nbytes: int) -> None:
+        """A partition the credit admitted: its bytes (a concat key's slice, a backup worker's pull, or
+        the partition compressed) on to :meth:`push`."""
+        op, p = item
+        e = op.entry
+        kv = self.kv
+        if op.finished:  # the op failed while this partition was queued
+            kv.queue.release(nbytes)
+            return
+        if self.tracer is not None:
+            self.tracer.admitted(op, p)
+        kv.hold(op, p, nbytes)
+        if e.spec.op == "concat":  # this rank's bytes that fall in the partition, and where they go in it
+            lo = max(p.offset, op.offset)
+            hi = max(lo, min(p.offset + p.nbytes, op.offset + len(op.inp)))
+            view = op.inp[lo - op.offset:hi - op.offset]
+            kv.push(p, op.round, e.code, hi - lo, hi - lo, kv.push_flags(), lo - p.offset if hi > lo else 0,
+                    op.sig, view)
+            if self.tracer is not None:
+                self.tracer.sent(p)
+            self.stats["bytes_pushed"] += hi - lo
+            self.stats["partitions"] += 1
+            return
+        if op.round <= p.completed:  # backup workers: the round completed without us; only its sum is wanted
+            kv.pull(p, op.round, e.code, p.nbytes // e.itemsize)
+            self.stats["partitions"] += 1
+            return
+        view = op.inp[p.offset:p.offset + p.nbytes]
+        flags = kv.push_flags()
+        if p.codec is None:
+            self.push(op, p, view, flags, 0)
+            return
+        flags |= Flags.COMPRESSED
+        extra = f32_bits(self.lr_now())  # the server's error feedback rescales by the same lr ratio
+        if self.pool is None:
+            self.push(op, p, p.codec.compress(view), flags, extra)
+            return
+        gen = kv.gen
+
+        def compressed(fut) -> None:  # on a pool thread: the rest belongs to the I/O thread
+            self.van.call_soon(lambda: self._push_compressed(op, p, fut, flags, extra, gen))
+        self.pool.submit(p.codec.compress, view).add_done_callback(compressed)
+
+    def _push_compressed(self, op: Op, p: Partition, fut, flags: int, extra: int, gen: int) -> None:
+        """A partition compressed on the pool (BYTEPS_THREADPOOL_SIZE): send it, unless its op ended meanwhile
+        (its credit went back then) or the workers changed (its round no longer exists)."""
+        if op.finished or self.kv.inflight.get(p.key) is not op or gen != self.kv.gen:
+            return
+        try:
+            frame = fut.result()
+        except Exception as ex:  # noqa: BLE001 - the op fails with the codec's error, as inline
+            self.finish(op, f"tensor {op.entry.name!r}: compressing partition {p.index} failed: {ex!r}")
+            return
+        if self.kv.window is not None:  # the window's round trip starts at the send, not before compressing
+            p.t_sent = time.perf_counter()
+        self.push(op, p, frame, flags, extra)
+
+    # ------------------------------------------------------------ push/pull --
+    def push(self, op: Op, p: Partition, frame, flags: int, extra: int) -> None:
+        e = op.entry
+        if flags & Flags.COMPRESSED:
+            nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
+        else:
+            nb = p.nbytes
+        self.kv.push(p, op.round, e.code, p.nbytes // e.itemsize, nb, flags, extra, op.sig, frame)
+        if self.tracer is not None:
+            self.tracer.sent(p)
+        self.stats["bytes_pushed"] += nb
+        self.stats["partitions"] += 1
+
+    def on_pulled(self, msg: Msg, op: Op, p: Partition) -> None:
+        """The round's sum of ``p`` for ``op`` (the client matched it): decompress or average it into the
+        output, then the partition is done."""
+        h = msg.header
+        if self.tracer is not None:
+            self.tracer.pull_received(h.key)
+        buf = msg.body_view()
+        inv = None
+        if h.extra:  # backup workers: the sum holds ``count`` pushes; ``ahead`` rounds completed since
+            count, ahead = split_backup_extra(h.extra)
+            p.completed = max(p.completed, h.round + ahead)
+            if count and op.average:
+                inv = 1.0 / count
+                if op.entry.dtype not in NP_FLOAT:  # averaged at the end, per partition
+                    op.counts = (op.counts or []) + [(p.offset, p.nbytes, count)]
+        if not op.reader:  # this rank only contributed: the answer says the round completed
+            pass
+        elif h.flags & Flags.COMPRESSED:
+            if self.pool is not None:  # decompress on the pool; the partition completes when it is done
+                gen = self.kv.gen
+
+                def decompressed(fut) -> None:
+                    self.van.call_soon(lambda: self._pulled_compressed(op, p, fut, len(buf), gen))
+                self.pool.submit(self.decompress, op, p, buf, msg).add_done_callback(decompressed)
+                return
+            self.decompress(op, p, buf)
+        else:
+            error = self.avg.copy_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average,
+                                      inv)
+            if error:
+                self.finish(op, error)
+                return
+        self.pulled(op, p, len(buf))
+        if self.kv.queue:
+            self.kv.admit()
+
+    # ------------------------------------------------------------ decompress --
+    def decompress(self, op: Op, p: Partition, buf, _keepalive=None) -> None:
+        """A compressed sum into the output (averaging floats on the way); ``_keepalive``: the message that
+        owns ``buf`` while a pool thread reads it."""
+        dst = op.out_bytes[p.offset:p.offset + p.nbytes]
+        p.codec.decompress_into(buf, dst)
+        self.avg.scale(dst, op.entry.dtype, op.average)
+
+    def _pulled_compressed(self, op: Op, p: Partition, fut, nbytes: int, gen: int) -> None:
+        if op.finished or self.kv.inflight.get(p.key) is not op or gen != self.kv.gen:
+            return
+        try:
+            fut.result()
+        except Exception as ex:  # noqa: BLE001
+            self.finish(op, f"tensor {op.entry.name!r}: decompressing partition {p.index} failed: {ex!r}")
+            return
+        self.pulled(op, p, nbytes)
+
+    # ------------------------------------------------------------ average and output --
+    def pulled(self, op: Op, p: Partition, nbytes: int) -> None:
+        """One partition of ``op`` is in its output (averaged where it could be on arrival)."""
+        self.stats["bytes_pulled"] += nbytes
+        if self.tracer is not None:
+            self.tracer.partition_done(op, p)
+        self.kv.done(p)
+        op.remaining -= 1
+        if op.remaining == 0:
+            self.finish(op, None)
+
+    def finish(self, op: Op, error: str | None, exc: type = PushPullError) -> None:
+        """The op ends (once): what was not averaged on arrival is, the output goes to the caller's tensor
+        or device, and its handle completes at the end of this I/O pass."""
+        if op.finished:
+            return
+        op.finished = True
+        e = op.entry
+        self.kv.drop(op, e.parts)
+        if error is None and op.out is not None:
+            try:
+                self.avg.finish(op.out, op.average, op.counts)
+                if op.user_out is not None:
+                    op.user_out.copy_(op.out)
+                elif op.device is not None:
+                    op.handle.output = op.out.to(op.device)
+            except Exception as ex:  # e.g. a device copy failing
+                error = f"tensor {e.name!r}: finishing the output failed: {ex!r}"
+        # no table lock: one store is atomic, and only submit() needs its check-and-set guarded
+        # (taking it here made the caller's next submit queue behind this thread for the GIL)
+        e.busy = False
+        if self.tracer is not None:
+            self.tracer.op_done(op, error)
+        if not self._completed:
+            self.van.at_pass_end(self._release_completed)
+        self._completed.append((op.handle, error, exc))
+
+    def _release_completed(self) -> None:
+        done, self._completed = self._completed, []
+        for handle, error, exc in done:
+            if error is None:
+                handle.complete()
+            else:
+                if exc is not WorkersChanged:  # an elastic job goes on after these
+                    self.stats["errors"] += 1
+                handle.fail(error, exc)
+
+    # ------------------------------------------------------------ job changes --
+    def fail_all(self, reason: str, exc: type = PushPullError) -> None:
+        """Every op in flight or waiting for its tensor's set-up fails with ``reason``."""
+        for op in list(self.kv.inflight.values()):
+            self.finish(op, f"tensor {op.entry.name!r}: {reason}", exc)
+        for e in self.entries.values():
+            waiting, e.waiting = e.waiting, []
+            for op in waiting:
+                self.finish(op, f"tensor {e.name!r}: {reason}", exc)
+
+    def restart(self, reason: str, moved: dict[int, int]) -> None:
+        """The workers changed (elastic): every op fails with WorkersChanged, the partitions of a lost server
+        move (and are declared again), and every tensor's rounds start again from 1."""
+        kv = self.kv
+        self.changed_reason = reason
+        for op in list(kv.inflight.values()):
+            self.finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
+        kv.inflight.clear()
+        for key, server in moved.items():
+            ep = kv.parts.get(key)
+            if ep is not None:
+                e, p = ep
+                p.server, p.sock = server, f"s{server}"
+                if p.inited:
+                    p.inited = False
+                    e.pending_inits += 1
+                if e.state is READY:
+                    e.state = INITING
+        for e in self.entries.values():
+            waiting, e.waiting = e.waiting, []
+            for op in waiting:
+                self.finish(op, f"tensor {e.name!r}: {reason}", WorkersChanged)
+            e.round = 0
+            for p in e.parts:
+                p.completed = 0  # the servers number rounds from 1 again too
+            if e.state is INITING:  # declarations pending, or moved to another server: declare again
+                self.send_inits(e, [p for p in e.parts if not p.inited])

@@ -1,0 +1,201 @@
+"""The worker's tensor table: what it knows about each named tensor (:class:`Entry`), the partitions a
+tensor is cut into (the pipeline's first stage, :meth:`TensorTable.entry`) and one push_pull call in
+flight (:class:`Op`).
+
+Records only: the key-value client (:mod:`pushpull.worker.kv_client`) and the tensor pipeline
+(:mod:`pushpull.worker.pipeline`) read and move them; nothing here sends a message.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pushpull import dtypes
+from pushpull.transport.protocol import dtype_code
+from pushpull.worker.handle import Handle
+
+# the dtypes a push_pull carries, and their names (pushpull.dtypes)
+DTYPE_NAME = {t: d.name for t, d in dtypes.torch_table().items() if d.header is not None}
+SUPPORTED = set(DTYPE_NAME)
+_NP_VIEW = {t for t, n in DTYPE_NAME.items() if dtypes.BY_NAME[n].np_native is not None}
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """What a collective declares about a key. It travels in every worker's INIT and the server
+    compares it across workers, so ranks that disagree (about the op, or about ``meta``) all get the
+    same error naming each rank's values, instead of a silently wrong result.
+
+    ``op``: what the server does with a round's pushes (``concat``: each rank writes its bytes at its
+    offset). ``readers``: the ranks that receive the result (None: all); the others are answered an
+    empty body when the round completes, so a slice is routed only where it is needed. ``numel``:
+    bytes of a concat key (its pushes are slices). ``meta``: (field, value) pairs that must agree.
+    ``writers``: the ranks that push the key (None: all); the local reduce's slices have one per machine
+    (:mod:`pushpull.worker.local_reduce`)."""
+
+    kind: str = "allreduce"
+    op: str = "sum"
+    readers: tuple | None = None
+    numel: int = 0
+    meta: tuple = ()
+    writers: tuple | None = None
+
+    def declaration(self) -> dict:
+        d = {"kind": self.kind, "op": self.op, "readers": list(self.readers) if self.readers is not None else None,
+             "meta": dict(self.meta) or None}
+        if self.writers is not None:
+            d["writers"] = list(self.writers)
+        return d
+
+
+PLAIN = KeySpec()
+
+
+def describe_spec(spec: KeySpec) -> str:
+    text = f"{spec.kind} (op {spec.op}"
+    if spec.readers is not None:
+        text += f", received by rank(s) {list(spec.readers)}"
+    if spec.writers is not None:
+        text += f", pushed by rank(s) {list(spec.writers)}"
+    for k, v in spec.meta:
+        text += f", {k} {v}"
+    return text + ")"
+
+
+def raw_bytes(t: torch.Tensor) -> np.ndarray:
+    """A writable uint8 NumPy view of a contiguous CPU tensor's memory (through NumPy when it has
+    the dtype: half the cost of torch's reshape and view, paid per tensor per step)."""
+    if t.dtype in _NP_VIEW:
+        return t.numpy().reshape(-1).view(np.uint8)
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+class EntryState(enum.Enum):
+    """Where a tensor's set-up stands. NEW -> ASSIGNING (the scheduler places its partitions) -> INITING
+    (every partition's INIT, a per-key barrier across workers) -> READY; FAILED is final (its error is
+    raised by every later call). A moved server (elastic) sends a READY entry back to INITING."""
+
+    NEW = "new"
+    ASSIGNING = "assigning"
+    INITING = "initing"
+    READY = "ready"
+    FAILED = "failed"
+
+
+NEW, ASSIGNING, INITING, READY, FAILED = (EntryState.NEW, EntryState.ASSIGNING, EntryState.INITING,
+                                          EntryState.READY, EntryState.FAILED)
+
+
+@dataclass
+class Partition:
+    index: int
+    offset: int        # bytes into the tensor
+    nbytes: int
+    key: int = 0
+    server: int = 0
+    inited: bool = False
+    codec: object = None  # worker-side compression chain, or None
+    held: int = 0         # credit bytes held by the push in flight (returned at PUSH_ACK)
+    sock: str = ""        # the van socket of its server
+    t_sent: float = 0.0   # when its push left (for the auto window's round trips)
+    delivered_at_send: int = 0  # the client's acknowledged bytes then
+    completed: int = 0    # backup workers: the highest round its server said had completed
+
+
+@dataclass
+class Entry:
+    """What this worker knows about one named tensor."""
+
+    name: str
+    shape: tuple
+    dtype: torch.dtype
+    compression: dict | None
+    parts: list[Partition]
+    busy: bool = False
+    state: EntryState = NEW
+    error: str | None = None
+    round: int = 0
+    waiting: list = field(default_factory=list)  # ops queued until the entry is ready
+    pending_inits: int = 0
+    itemsize: int = 1
+    code: int = 0           # wire dtype code
+    spec: KeySpec = PLAIN
+
+
+class Op:
+    """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
+
+    __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
+                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen", "counts")
+
+    def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor | None,
+                 out_bytes: np.ndarray | None, average: bool, priority: int, device: torch.device | None = None,
+                 user_out: torch.Tensor | None = None, sig: int = 0, reader: bool = True, offset: int = 0):
+        self.handle = handle
+        self.entry = entry
+        self.inp = inp              # raw bytes of the input (contiguous CPU)
+        self.out = out              # CPU output tensor
+        self.out_bytes = out_bytes
+        self.average = average
+        self.priority = priority
+        self.round = 0
+        self.remaining = 0
+        self.device = device
+        self.user_out = user_out
+        self.t_submit = time.perf_counter()
+        self.finished = False       # set at once; its handle completes at the end of the I/O pass
+        self.sig = sig              # this round's signature, compared across workers by the server (0: none)
+        self.reader = reader        # False: this rank only contributes; the server answers it an empty body
+        self.offset = offset        # concat keys: where this rank's bytes go in the key
+        self.counts = None          # backup workers: [(offset, nbytes, pushes summed)] not yet averaged
+        self.gen = 0                # the membership generation it was submitted in (elastic training)
+
+
+class TensorTable:
+    """Every tensor this worker has used, by name. Callers' threads add entries (under ``lock``); the
+    I/O thread moves their state."""
+
+    def __init__(self):
+        self.entries: dict[str, Entry] = {}
+        self.lock = threading.Lock()
+
+    def entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None, spec: KeySpec,
+              cfg) -> Entry:
+        """Stage 1, partition: the entry of ``name``, made on first use (cut into partitions of at most
+        ``cfg.partition_bytes``, whole elements each, with its compression chosen), with the lock held. The
+        sizes are read at first use only (a strategy's later partition size applies to new tensors; and a
+        config read costs a method call, paid per tensor per step otherwise)."""
+        e = self.entries.get(name)
+        if e is not None:
+            if e.shape != shape or e.dtype != dtype:
+                raise ValueError(f"tensor {name!r} was used as {DTYPE_NAME[e.dtype]}{list(e.shape)} and is now "
+                                 f"{DTYPE_NAME[dtype]}{list(shape)}; give different tensors different names")
+            if e.spec != spec:
+                raise ValueError(f"tensor {name!r} was used as {describe_spec(e.spec)} and is now "
+                                 f"{describe_spec(spec)}; give different operations different names")
+            return e
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        pbytes = max(itemsize, cfg.partition_bytes // itemsize * itemsize)
+        parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
+        if compression:
+            from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
+
+            try:
+                use_compression = for_tensor(compression, nbytes, dtype.is_floating_point,
+                                             cfg.min_compress_bytes)
+            except (ValueError, TypeError) as ex:
+                raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
+        else:
+            use_compression = None
+        if spec.op != "sum" and use_compression is not None:
+            raise ValueError(f"tensor {name!r}: compression needs a sum on the servers, not {spec.op}")
+        e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,
+                  code=dtype_code(DTYPE_NAME[dtype]), spec=spec)
+        self.entries[name] = e
+        return e

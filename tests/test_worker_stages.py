@@ -1,0 +1,270 @@
+"""The worker engine's layers without sockets or processes: the key-value client
+(pushpull.worker.kv_client) and the tensor pipeline (pushpull.worker.pipeline) over an in-memory
+van and a server stand-in whose sum is a known function of the one push it sees."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from pushpull import dtypes
+from pushpull.transport.protocol import Flags, Header, Msg, MsgType, backup_extra, decode_json, encode_json
+from pushpull.worker.average import Averager
+from pushpull.worker.handle import Handle, PushPullError
+from pushpull.worker.kv_client import KVClient
+from pushpull.worker.pipeline import Pipeline
+from pushpull.worker.table import (
+    ASSIGNING, FAILED, INITING, NEW, PLAIN, READY, Op, TensorTable, raw_bytes,
+)
+
+
+class MemoryVan:
+    """The van's interface as the worker's layers use it: ``send`` queues a copy of the message,
+    ``call_soon`` and ``at_pass_end`` defer calls until :meth:`Harness.pump`."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, Header, list[bytes]]] = []
+        self.soon: list = []
+        self.pass_end: list = []
+
+    def send(self, sid: str, header: Header, frames: list = ()) -> None:
+        self.sent.append((sid, header, [bytes(memoryview(f).cast("B")) for f in frames]))
+
+    def call_soon(self, fn) -> None:
+        self.soon.append(fn)
+
+    def at_pass_end(self, fn) -> None:
+        self.pass_end.append(fn)
+
+
+class MemoryMember:
+    """The membership's ``send`` (to the scheduler), into the same queue as the servers' messages."""
+
+    def __init__(self, van: MemoryVan):
+        self.van = van
+
+    def send(self, header: Header, frames: list = ()) -> None:
+        self.van.send("scheduler", header, frames)
+
+
+class Harness:
+    """A pipeline and its key-value client over a :class:`MemoryVan`, for ``size`` workers. The server
+    stand-in answers a push with ``combine(pushed values)`` as the round's sum (twice the push by default:
+    what two workers pushing the same tensor would sum to)."""
+
+    def __init__(self, size: int = 2, credit_bytes: int = 0, partition_bytes: int = 8, combine=lambda a: a * 2):
+        self.van = MemoryVan()
+        self.table = TensorTable()
+        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0}
+        self.resets: list = []
+        self.pipeline = Pipeline(self.table, Averager(size), self.stats, on_reset=self.resets.append)
+        self.kv = KVClient(self.van, MemoryMember(self.van), 0, self.pipeline, credit_bytes)
+        self.pipeline.bind(self.kv)
+        self.cfg = SimpleNamespace(partition_bytes=partition_bytes, min_compress_bytes=0)
+        self.combine = combine
+        self.held: list = []
+
+    def submit(self, name: str, tensor: torch.Tensor, average: bool = True) -> Op:
+        e = self.table.entry(name, tuple(tensor.shape), tensor.dtype, None, PLAIN, self.cfg)
+        out = torch.empty_like(tensor)
+        op = Op(Handle(name, out), e, raw_bytes(tensor.contiguous()), out, raw_bytes(out), average, 0)
+        e.busy = True
+        self.van.call_soon(lambda: self.pipeline.start(op))
+        return op
+
+    def answer(self, sid: str, h: Header, frames: list[bytes]) -> list[Msg]:
+        if h.type == MsgType.ASSIGN:
+            d = decode_json(frames[0])
+            return [Msg(Header(MsgType.ASSIGN_ACK, req_id=h.req_id),
+                        [encode_json({"key": 100 + h.req_id, "servers": [i % 2 for i in range(len(d["parts"]))]})])]
+        if h.type == MsgType.INIT:
+            return [Msg(Header(MsgType.INIT_ACK, key=h.key, gen=h.gen), [])]
+        if h.type == MsgType.PUSH:
+            replies = []
+            if not h.flags & Flags.NO_ACK:
+                replies.append(Msg(Header(MsgType.PUSH_ACK, key=h.key, round=h.round, gen=h.gen), []))
+            dtype = dtypes.to_torch(dtypes.BY_HEADER[h.dtype].name)
+            total = self.combine(torch.frombuffer(bytearray(frames[0]), dtype=dtype)).to(dtype)
+            body = total.reshape(-1).view(torch.uint8).numpy().tobytes()
+            replies.append(Msg(Header(MsgType.PULL_RESP, key=h.key, round=h.round, gen=h.gen), [body]))
+            return replies
+        raise AssertionError(f"unexpected {h.type.name} to {sid}")
+
+    def deliver(self, msg: Msg) -> None:
+        if msg.header.type == MsgType.ASSIGN_ACK:
+            self.kv.on_scheduler_message(msg)
+        else:
+            self.kv.on_server_message(msg)
+
+    def pump(self, hold: frozenset = frozenset()) -> None:
+        """Run deferred calls and answer every message until nothing moves; answers of a type in ``hold``
+        are kept in ``held`` instead of delivered."""
+        van = self.van
+        while van.soon or van.sent or van.pass_end:
+            soon, van.soon = van.soon, []
+            for fn in soon:
+                fn()
+            sent, van.sent = van.sent, []
+            for sid, h, frames in sent:
+                for msg in self.answer(sid, h, frames):
+                    (self.held.append if msg.header.type in hold else self.deliver)(msg)
+            ends, van.pass_end = van.pass_end, []
+            for fn in ends:
+                fn()
+
+
+def test_pipeline_averages_a_partitioned_tensor():
+    hw = Harness(size=2, partition_bytes=8)
+    x = torch.arange(10, dtype=torch.float32)
+    op = hw.submit("t", x)
+    hw.pump()
+    assert op.handle.done() and op.handle.error is None
+    assert len(op.entry.parts) == 5 and hw.stats["partitions"] == 5
+    assert torch.equal(op.out, x)  # (x + x) / 2
+
+
+def test_pipeline_sums_without_average():
+    hw = Harness(size=2)
+    x = torch.arange(6, dtype=torch.float64)
+    op = hw.submit("t", x, average=False)
+    hw.pump()
+    assert torch.equal(op.out, 2 * x)
+
+
+def test_integer_average_rounds_toward_zero_at_the_output():
+    hw = Harness(size=2, combine=lambda a: a * 2 + 1)
+    op = hw.submit("t", torch.tensor([3, -3, 5], dtype=torch.int32))
+    hw.pump()
+    assert op.out.tolist() == [3, -2, 5]  # [7, -5, 11] / 2, truncated
+
+
+def test_bfloat16_is_averaged_at_the_output():
+    hw = Harness(size=2, partition_bytes=4, combine=lambda a: a * 3)
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
+    op = hw.submit("t", x)
+    hw.pump()
+    assert torch.equal(op.out, x * 3 / 2)
+
+
+def test_entry_states_run_new_assigning_initing_ready():
+    hw = Harness()
+    op = hw.submit("t", torch.ones(2))
+    assert op.entry.state is NEW
+    hw.pump(hold=frozenset({MsgType.ASSIGN_ACK}))
+    assert op.entry.state is ASSIGNING
+    hw.held, held = [], hw.held
+    for msg in held:
+        hw.deliver(msg)
+    hw.pump(hold=frozenset({MsgType.INIT_ACK}))
+    assert op.entry.state is INITING and not op.handle.done()
+    hw.held, held = [], hw.held
+    for msg in held:
+        hw.deliver(msg)
+    hw.pump()
+    assert op.entry.state is READY and op.handle.done()
+
+
+def test_request_ids_route_each_assign_answer_to_the_tensor_that_asked():
+    hw = Harness()
+    a = hw.submit("a", torch.ones(1))
+    b = hw.submit("b", torch.ones(3))
+    hw.pump(hold=frozenset({MsgType.ASSIGN_ACK}))
+    acks, hw.held = hw.held, []
+    for msg in reversed(acks):  # b's answer first
+        hw.deliver(msg)
+    hw.pump()
+    assert all(hw.kv.parts[p.key][0] is a.entry for p in a.entry.parts)
+    assert len(b.entry.parts) == 2 and all(hw.kv.parts[p.key][0] is b.entry for p in b.entry.parts)
+    assert a.handle.done() and b.handle.done()
+
+
+def test_credit_returns_at_push_ack():
+    hw = Harness(credit_bytes=8, partition_bytes=8)
+    hw.submit("t", torch.ones(8))  # 4 partitions, credit for one
+    hw.pump(hold=frozenset({MsgType.PUSH_ACK, MsgType.PULL_RESP}))
+    pushes = [m for m in hw.held if m.header.type == MsgType.PUSH_ACK]
+    assert len(pushes) == 1 and len(hw.kv.queue) == 3
+    hw.deliver(pushes[0])  # its credit back: the next partition goes out, before any pull came back
+    hw.pump(hold=frozenset({MsgType.PUSH_ACK, MsgType.PULL_RESP}))
+    assert len([m for m in hw.held if m.header.type == MsgType.PUSH_ACK]) == 2 and len(hw.kv.queue) == 2
+
+
+def test_pushes_without_credit_ask_for_no_ack():
+    hw = Harness(credit_bytes=0)
+    hw.submit("t", torch.ones(2))
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    assert not any(m.header.type == MsgType.PUSH_ACK for m in hw.held)
+    assert len(hw.held) == 1
+
+
+def test_answer_from_an_older_generation_is_ignored():
+    hw = Harness()
+    op = hw.submit("t", torch.ones(2))
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    resp = hw.held[0]
+    resp.header.gen = 1
+    hw.deliver(resp)
+    hw.pump()
+    assert not op.handle.done() and hw.kv.inflight
+
+
+def test_wrong_sized_answer_fails_the_op_naming_the_tensor():
+    hw = Harness(combine=lambda a: torch.cat([a, a]))
+    op = hw.submit("grad.w", torch.ones(2))
+    hw.pump()
+    assert op.handle.done() and "grad.w" in op.handle.error and "answered 16 bytes" in op.handle.error
+
+
+def test_server_error_fails_the_tensor_and_its_later_ops():
+    hw = Harness()
+    op = hw.submit("t", torch.ones(2))
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    key = op.entry.parts[0].key
+    hw.deliver(Msg(Header(MsgType.ERROR, key=key), [encode_json({"error": "rank 1 declared t as int8"})]))
+    hw.pump()
+    assert op.entry.state is FAILED and op.handle.error == "rank 1 declared t as int8"
+    op.entry.busy = False
+    again = hw.submit("t", torch.ones(2))
+    hw.pump()
+    assert again.handle.error == "rank 1 declared t as int8"
+
+
+def test_handler_failure_fails_the_op_with_its_cause():
+    class Tracer:
+        def admitted(self, op, p): pass
+        def sent(self, p): pass
+        def push_acked(self, key, rnd): pass
+        def pull_received(self, key): raise RuntimeError("trace buffer full")
+        def partition_done(self, op, p): pass
+        def op_done(self, op, error): pass
+
+    hw = Harness()
+    hw.pipeline.tracer = Tracer()
+    hw.kv.trace_ack = hw.pipeline.tracer.push_acked
+    op = hw.submit("t", torch.ones(2))
+    hw.pump()
+    assert "tensor 't'" in op.handle.error and "PULL_RESP failed" in op.handle.error
+    assert "trace buffer full" in op.handle.error and not hw.kv.inflight
+
+
+def test_backup_round_is_averaged_over_the_pushes_it_holds():
+    hw = Harness(size=4)
+    x = torch.full((2,), 6.0)
+    op = hw.submit("t", x)
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    resp = hw.held[0]
+    resp.header.extra = backup_extra(3, 0)  # the server summed three pushes, not four
+    resp.frames = [np.full(2, 18.0, dtype=np.float32).tobytes()]
+    hw.deliver(resp)
+    hw.pump()
+    assert torch.equal(op.out, x)
+
+
+def test_the_caller_sees_the_error_as_pushpullerror():
+    hw = Harness(combine=lambda a: a[:1])
+    op = hw.submit("t", torch.ones(2))
+    hw.pump()
+    with pytest.raises(PushPullError, match="answered 4 bytes"):
+        op.handle.wait(1.0)
