@@ -27,6 +27,7 @@ import zmq
 import zmq.backend
 from zmq.utils.monitor import recv_monitor_message
 
+from pushpull.transport.lane import LaneServer
 from pushpull.transport.ratelimit import RateLimitedLog
 from pushpull.transport.protocol import (
     BATCHED_OVERHEAD, Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch,
@@ -77,6 +78,8 @@ class Van:
         self._handlers: dict[zmq.Socket, tuple[str, Callable, bool]] = {}
         self._monitors: dict[zmq.Socket, Callable[[int, str], None]] = {}  # monitor socket -> handler
         self._poller = zmq.Poller()
+        self._lanes: dict[str, LaneServer] = {}  # ROUTER name -> its direct lane (pushpull.transport.lane)
+        self._lane_fds: dict[int, LaneServer] = {}  # descriptor -> the lane it belongs to
         self._outbox: collections.deque = collections.deque()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
@@ -130,6 +133,32 @@ class Van:
             self.auth.connect(s, tcp_host(addr))
         s.connect(addr)
         self._add(sid, s, handler, router=False)
+
+    def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0) -> int:
+        """Beside ROUTER ``sid`` (bound first), listen on ``host`` for direct lanes (plain TCP from a worker's
+        calling thread, :mod:`pushpull.transport.lane`); returns the port. Their messages go to ``sid``'s
+        handler with the lane's proven identity, and a send to that identity on ``sid`` takes the lane. Must
+        be called before :meth:`start`."""
+        _, handler, _ = self._handlers[self._sockets[sid]]
+        fds = self._lane_fds
+
+        def watch(fd: int, events: int) -> None:
+            if events:
+                if fd not in fds:
+                    fds[fd] = lane
+                self._poller.register(fd, events)  # registering again changes the events
+            elif fd in fds:
+                del fds[fd]
+                self._poller.unregister(fd)
+
+        def deliver(identity: bytes, frames: list) -> None:
+            self._dispatch(sid, identity, frames, handler, True)
+
+        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log)
+        lane.start()
+        self._lanes[sid] = lane
+        self.call_later(1.0, lane.check_hellos, every=1.0)
+        return lane.port
 
     def monitor(self, sid: str, events: int, on_event: Callable[[int, str], None]) -> None:
         """Call ``on_event(event, endpoint)`` on the I/O thread when libzmq reports one of ``events``
@@ -276,6 +305,9 @@ class Van:
             log.error("%s: send on unknown socket %r dropped", self.name, sid)
             return
         if identity is not None:
+            lane = self._lanes.get(sid) if self._lanes else None
+            if lane is not None and lane.send(identity, parts):
+                return
             parts = [identity, *parts]
         try:
             last = len(parts) - 1
@@ -334,6 +366,11 @@ class Van:
                 for m, on_event in list(self._monitors.items()):
                     if m in events:
                         self._drain_monitor(m, on_event)
+                if self._lane_fds:
+                    for fd, ev in events.items():
+                        lane = self._lane_fds.get(fd) if fd.__class__ is int else None
+                        if lane is not None:
+                            lane.ready(fd, ev)
                 self._run_timers()
                 # deferred work first: what it sends joins this pass's batches instead of waiting
                 if self._deferred:
@@ -376,21 +413,25 @@ class Van:
                                           self.name, sid)
                     continue
                 identity, frames = frames[0].bytes, frames[1:]
+            self._dispatch(sid, identity, frames, handler, router)
+
+    def _dispatch(self, sid: str, identity: bytes | None, frames: list, handler: Callable, router: bool) -> None:
+        """Decode one received message (a BATCH into its messages) and run the socket's handler on each."""
+        try:
+            msg = decode(frames)
+            msgs = unpack_batch(msg) if msg.header.type is _BATCH else (msg,)
+        except ProtocolError as e:
+            self.peer_log.warning((sid, identity, "malformed"), "%s: dropped malformed message on %s from %r: %s",
+                                  self.name, sid, identity, e)
+            return
+        for msg in msgs:
             try:
-                msg = decode(frames)
-                msgs = unpack_batch(msg) if msg.header.type is _BATCH else (msg,)
-            except ProtocolError as e:
-                self.peer_log.warning((sid, identity, "malformed"), "%s: dropped malformed message on %s from %r: %s",
-                                      self.name, sid, identity, e)
-                continue
-            for msg in msgs:
-                try:
-                    if router:
-                        handler(identity, msg)
-                    else:
-                        handler(msg)
-                except Exception:
-                    log.exception("%s: handler for %s failed on %s", self.name, msg.header.type.name, sid)
+                if router:
+                    handler(identity, msg)
+                else:
+                    handler(msg)
+            except Exception:
+                log.exception("%s: handler for %s failed on %s", self.name, msg.header.type.name, sid)
 
     def _run_timers(self) -> None:
         now = time.monotonic()
@@ -404,6 +445,8 @@ class Van:
                 heapq.heappush(self._timers, (now + every, next(self._timer_seq), every, fn))
 
     def _close(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
         for s in list(self._sockets.values()):
             if self._monitors:
                 try:
