@@ -30,7 +30,7 @@ from pushpull.transport.protocol import (
 )
 from pushpull.transport.lane import lane_key
 from pushpull.transport.memory import keep_freed_buffers
-from pushpull.transport.security import auth_for
+from pushpull.transport.security import auth_for, is_loopback
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,9 @@ class Server:
         # traffic is not encrypted either; its messages reach _handle like the ROUTER's
         if cfg.direct_lane and (self.van.auth is None or self.van.auth.lane_allowed(self.host)):
             try:
-                info["lane_port"] = self.van.bind_lane(SOCK, "0.0.0.0" if listen in ("*", "0.0.0.0") else listen,
-                                                       lane_key(self.van.auth), cfg.max_message_bytes)
+                info["lane"] = self.van.bind_lane(SOCK, "0.0.0.0" if listen in ("*", "0.0.0.0") else listen,
+                                                  lane_key(self.van.auth), cfg.max_message_bytes,
+                                                  local=is_loopback(self.host))
             except OSError as e:
                 raise bind_error(listen, 0, e) from None
         self.member = Member(self.van, cfg, info,

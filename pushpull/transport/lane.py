@@ -10,6 +10,12 @@ messages as the ZeroMQ connection (the header and body frames of :mod:`pushpull.
 batches included) and feeds the server's same handler, so every check (sender rank against the
 connection's identity, key, round, generation, dtype and length) applies unchanged.
 
+Where it listens: on a server whose advertised address is loopback, on an abstract Unix socket
+(Linux: scoped to the network namespace as loopback is, no file left behind), which the kernel
+delivers with less work than TCP (a one-float exchange of three processes: 50 against 60-85 us);
+elsewhere on TCP beside the ROUTER. Its address, ``unix:@NAME`` or ``tcp://HOST:PORT``, goes to
+the workers in the address book.
+
 Framing: a message is its length (u32, little-endian, the bytes after it), then each frame as its
 length (u32) and bytes. Where it is offered: only where the job's ZeroMQ traffic is not encrypted
 anyway (PLAIN on loopback, PUSHPULL_AUTH=plain or none; :meth:`pushpull.transport.security.JobAuth.lane_allowed`),
@@ -31,6 +37,7 @@ import logging
 import os
 import socket
 import struct
+import sys
 import time
 from typing import Callable
 
@@ -47,6 +54,24 @@ OUTBOX_MAX = 256 << 20  # bytes queued for one slow reader before its connection
 _CHUNK = 1 << 18  # bytes asked of one recv
 # poll flags as the owner's poller reports them (ZeroMQ's zmq_poll, which also polls plain descriptors)
 READ, WRITE, ERROR = 1, 2, 4
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    if address.startswith("unix:@"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect("\0" + address[len("unix:@"):])
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if not address.startswith("tcp://"):
+        raise LaneError(f"lane address {address!r} is neither unix:@NAME nor tcp://HOST:PORT")
+    host, port = address[len("tcp://"):].rsplit(":", 1)
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class LaneError(ConnectionError):
@@ -128,13 +153,14 @@ def _send_all(sock: socket.socket, bufs: list) -> None:
 class LaneClient:
     """A worker thread's blocking lane to one server (not thread-safe: one per thread, as a ZeroMQ socket)."""
 
-    def __init__(self, host: str, port: int, identity: bytes, key: bytes, timeout: float,
+    def __init__(self, address: str, identity: bytes, key: bytes, timeout: float,
                  max_message: int = DEFAULT_MAX_MESSAGE):
+        """Connect to the lane at ``address`` (``unix:@NAME`` or ``tcp://HOST:PORT``) and prove membership;
+        raises OSError (LaneError: the peer is no pushpull lane of this job) after at most ``timeout`` s."""
         self.identity = identity
         self.pending: list = []  # messages read beyond the one asked for
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = _connect(address, timeout)
         try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.reader = Reader(max(max_message, HELLO_MAX))
             deadline = time.monotonic() + timeout
             hello = self._expect(deadline, "its greeting")
@@ -209,20 +235,30 @@ class LaneServer:
     registers the descriptors with the Van's poller and calls :meth:`ready` with their events)."""
 
     def __init__(self, host: str, key: bytes, max_message: int, watch: Callable[[int, int], None],
-                 deliver: Callable[[bytes, list], None], peer_log):
-        """``watch(fd, events)``: (re)register ``fd`` for READ / WRITE (0: unregister); ``deliver(identity,
-        frames)``: a message from a proven connection; ``peer_log``: a RateLimitedLog."""
+                 deliver: Callable[[bytes, list], None], peer_log, local: bool = False):
+        """Listen on ``host`` (TCP, any port), or with ``local`` (the server is reached on loopback) on an
+        abstract Unix socket where the system has them. ``watch(fd, events)``: (re)register ``fd`` for
+        READ / WRITE (0: unregister); ``deliver(identity, frames)``: a message from a proven connection;
+        ``peer_log``: a RateLimitedLog."""
         self.key = key
         self.max_message = max_message or DEFAULT_MAX_MESSAGE
         self.watch = watch
         self.deliver = deliver
         self.peer_log = peer_log
-        self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind((host, 0))
+        self.tcp = not (local and sys.platform.startswith("linux"))
+        if self.tcp:
+            self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind((host, 0))
+            port = self.listener.getsockname()[1]
+            self.address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        else:
+            name = f"pushpull-lane-{os.getpid()}-{os.urandom(8).hex()}"
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind("\0" + name)
+            self.address = "unix:@" + name
         self.listener.listen(128)
         self.listener.setblocking(False)
-        self.port = self.listener.getsockname()[1]
         self.conns: dict[int, _Conn] = {}  # fd -> connection
         self.by_identity: dict[bytes, _Conn] = {}
 
@@ -260,7 +296,8 @@ class LaneServer:
                                       "refused another", MAX_PENDING_HELLOS)
                 continue
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tcp:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c = _Conn(sock, os.urandom(NONCE_BYTES))
             self.conns[c.fd] = c
             self.watch(c.fd, READ)

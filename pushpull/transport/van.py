@@ -134,11 +134,11 @@ class Van:
         s.connect(addr)
         self._add(sid, s, handler, router=False)
 
-    def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0) -> int:
-        """Beside ROUTER ``sid`` (bound first), listen on ``host`` for direct lanes (plain TCP from a worker's
-        calling thread, :mod:`pushpull.transport.lane`); returns the port. Their messages go to ``sid``'s
-        handler with the lane's proven identity, and a send to that identity on ``sid`` takes the lane. Must
-        be called before :meth:`start`."""
+    def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0, local: bool = False) -> str:
+        """Beside ROUTER ``sid`` (bound first), listen on ``host`` (or, ``local``, on an abstract Unix socket) for
+        direct lanes (plain sockets from a worker's calling thread, :mod:`pushpull.transport.lane`); returns
+        the lane's address. Their messages go to ``sid``'s handler with the lane's proven identity, and a
+        send to that identity on ``sid`` takes the lane. Must be called before :meth:`start`."""
         _, handler, _ = self._handlers[self._sockets[sid]]
         fds = self._lane_fds
 
@@ -154,11 +154,11 @@ class Van:
         def deliver(identity: bytes, frames: list) -> None:
             self._dispatch(sid, identity, frames, handler, True)
 
-        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log)
+        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log, local=local)
         lane.start()
         self._lanes[sid] = lane
         self.call_later(1.0, lane.check_hellos, every=1.0)
-        return lane.port
+        return lane.address
 
     def monitor(self, sid: str, events: int, on_event: Callable[[int, str], None]) -> None:
         """Call ``on_event(event, endpoint)`` on the I/O thread when libzmq reports one of ``events``

@@ -29,7 +29,7 @@ import zmq
 import zmq.backend
 
 from pushpull.cluster.nodes import worker_identity
-from pushpull.transport.lane import LaneClient, LaneError, lane_key
+from pushpull.transport.lane import LaneClient, lane_key
 from pushpull.transport.van import tcp_host
 from pushpull.transport.protocol import (
     Flags, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
@@ -49,8 +49,8 @@ class DirectPath:
     _thread_ids = itertools.count()
 
     def __init__(self, ctx: zmq.Context, rank: int, servers: dict[str, str], auth=None,
-                 lanes: dict[str, tuple[str, int]] | None = None):
-        """``lanes``: van socket name -> (host, port) of the servers that offer a direct lane."""
+                 lanes: dict[str, str] | None = None):
+        """``lanes``: van socket name -> lane address of the servers that offer a direct lane."""
         self.ctx = ctx
         self.auth = auth  # the job's credentials, as on the engine's own sockets
         self.rank = rank
@@ -75,13 +75,13 @@ class DirectPath:
             return c
         if getattr(self._local, "tid", None) is None:
             self._local.tid = next(self._thread_ids)
-        host, port = self.lanes[sock]
+        address = self.lanes[sock]
         try:
-            c = LaneClient(host, port, worker_identity(self.rank, f"l{self._local.tid}"), lane_key(self.auth),
+            c = LaneClient(address, worker_identity(self.rank, f"l{self._local.tid}"), lane_key(self.auth),
                            CONNECT_TIMEOUT_S)
-        except (OSError, LaneError) as e:
-            log.warning("rank %d: the direct lane to server %s at %s:%d failed (%s); its direct calls go over "
-                        "ZeroMQ", self.rank, sock[1:], host, port, e)
+        except OSError as e:
+            log.warning("rank %d: the direct lane to server %s at %s failed (%s); its direct calls go over "
+                        "ZeroMQ", self.rank, sock[1:], address, e)
             self._no_lane.add(sock)
             return None
         c.settimeout(LIVENESS_S)

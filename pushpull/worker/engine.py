@@ -235,8 +235,8 @@ class Engine:
         self.direct = DirectPath(self.van.ctx, self.rank,
                                  {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]},
                                  auth=self.van.auth,
-                                 lanes={f"s{s['rank']}": (s["host"], int(s["lane_port"])) for s in book["servers"]
-                                        if s.get("lane_port") and self.cfg.direct_lane})
+                                 lanes={f"s{s['rank']}": str(s["lane"]) for s in book["servers"]
+                                        if s.get("lane") and self.cfg.direct_lane})
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     worker_identity(self.rank), self._server_message)
