@@ -110,11 +110,14 @@ class Reader:
         self.max_message = max_message
         self.buf = bytearray()
 
-    def feed(self, data: bytes) -> list:
+    def feed(self, data) -> list:
         """Add ``data``; the messages it completes. Raises LaneError on a message over the limit or
         frames that do not add up to its length."""
         buf = self.buf
-        buf += data
+        if not buf:  # the usual case: whole messages in one read, parsed without the buffer
+            buf = bytes(data)
+        else:
+            buf += data
         out, off, end = [], 0, len(buf)
         while end - off >= 4:
             (total,) = _U32.unpack_from(buf, off)
@@ -122,7 +125,7 @@ class Reader:
                 raise LaneError(f"a message of {total} bytes (limit {self.max_message})")
             if end - off - 4 < total:
                 break
-            body = bytes(buf[off + 4:off + 4 + total])
+            body = buf[off + 4:off + 4 + total] if buf.__class__ is bytes else bytes(buf[off + 4:off + 4 + total])
             off += 4 + total
             view, frames, i = memoryview(body), [], 0
             while i < total:
@@ -134,8 +137,11 @@ class Reader:
                 frames.append(view[i + 4:i + 4 + n])
                 i += 4 + n
             out.append(frames)
-        if off:
-            del buf[:off]
+        if self.buf:
+            if off:
+                del self.buf[:off]
+        elif off < end:
+            self.buf = bytearray(buf[off:])
         return out
 
 
@@ -159,6 +165,8 @@ class LaneClient:
         raises OSError (LaneError: the peer is no pushpull lane of this job) after at most ``timeout`` s."""
         self.identity = identity
         self.pending: list = []  # messages read beyond the one asked for
+        self.chunk = bytearray(_CHUNK)  # reads land here (a fresh _CHUNK-byte object per read costs more)
+        self.chunk_view = memoryview(self.chunk)
         self.sock = _connect(address, timeout)
         try:
             self.reader = Reader(max(max_message, HELLO_MAX))
@@ -195,12 +203,12 @@ class LaneClient:
         if self.pending:
             return self.pending.pop(0)
         try:
-            data = self.sock.recv(_CHUNK)
+            n = self.sock.recv_into(self.chunk)
         except (socket.timeout, BlockingIOError):
             return None
-        if not data:
+        if not n:
             raise LaneError("the server closed the connection")
-        msgs = self.reader.feed(data)
+        msgs = self.reader.feed(self.chunk_view[:n])
         if not msgs:
             return None
         self.pending = msgs[1:]
@@ -259,6 +267,8 @@ class LaneServer:
             self.address = "unix:@" + name
         self.listener.listen(128)
         self.listener.setblocking(False)
+        self.chunk = bytearray(_CHUNK)  # every connection's reads land here first (one I/O thread)
+        self.chunk_view = memoryview(self.chunk)
         self.conns: dict[int, _Conn] = {}  # fd -> connection
         self.by_identity: dict[bytes, _Conn] = {}
 
@@ -305,17 +315,17 @@ class LaneServer:
 
     def _read(self, c: _Conn) -> None:
         try:
-            data = c.sock.recv(_CHUNK)
+            n = c.sock.recv_into(self.chunk)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self.drop(c, f"read failed: {e}")
             return
-        if not data:
+        if not n:
             self.drop(c, None)
             return
         try:
-            msgs = c.reader.feed(data)
+            msgs = c.reader.feed(self.chunk_view[:n])
         except LaneError as e:
             self.drop(c, str(e))
             return
