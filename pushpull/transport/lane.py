@@ -50,6 +50,7 @@ HELLO_MAX = 512  # bytes a connection may send before it has proved it holds the
 HELLO_TIMEOUT_S = 10.0
 MAX_PENDING_HELLOS = 64  # unproven connections held at once; more are closed at accept
 DEFAULT_MAX_MESSAGE = 64 << 20  # a message's bytes when the server sets no PUSHPULL_MAX_MESSAGE_BYTES
+SEND_TIMEOUT_S = 10.0  # a worker's write to a server that reads nothing for this long fails
 OUTBOX_MAX = 256 << 20  # bytes queued for one slow reader before its connection is dropped
 _CHUNK = 1 << 18  # bytes asked of one recv
 # poll flags as the owner's poller reports them (ZeroMQ's zmq_poll, which also polls plain descriptors)
@@ -72,6 +73,10 @@ def _connect(address: str, timeout: float) -> socket.socket:
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def _timeval(seconds: float) -> bytes:
+    return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
 
 
 class LaneError(ConnectionError):
@@ -215,7 +220,12 @@ class LaneClient:
         return msgs[0]
 
     def settimeout(self, seconds: float) -> None:
-        self.sock.settimeout(seconds)
+        """Reads that give up after ``seconds`` (``recv`` then returns None), and writes after SEND_TIMEOUT_S.
+        The kernel keeps the time (SO_RCVTIMEO on a blocking socket): a timeout kept by Python would cost a
+        poll() before every read and write."""
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
 
     def close(self) -> None:
         try:
