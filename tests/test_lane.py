@@ -181,17 +181,59 @@ def test_the_direct_path_falls_back_to_zeromq_when_the_lane_cannot_open(caplog):
         ctx.term()
 
 
-def test_a_broken_lane_fails_the_call_naming_the_server_and_the_next_call_reopens_it(server):
+def _drop_every_lane(van) -> None:
+    lane = van._lanes["r"]
+    closed = threading.Event()
+    van.call_soon(lambda: ([lane.drop(c, None) for c in list(lane.conns.values())], closed.set()))
+    assert closed.wait(5)
+
+
+def test_a_broken_lane_fails_the_call_naming_the_server_and_the_next_call_reopens_it(server, monkeypatch):
+    import pushpull.worker.direct as direct
+
+    monkeypatch.setattr(direct, "LANE_GRACE_S", 0.1)
     van, address, got = server
     path = DirectPath(None, 0, {}, auth=AUTH, lanes={"s0": address})
     try:
         assert bytes(path.exchange("s0", _push(rnd=1), b"abcd", 5, lambda: None)) == b"abcd"
-        lane = van._lanes["r"]
-        closed = threading.Event()
-        van.call_soon(lambda: ([lane.drop(c, None) for c in list(lane.conns.values())], closed.set()))
-        assert closed.wait(5)
+        _drop_every_lane(van)
         with pytest.raises(ConnectionError, match="direct lane to server 0 broke"):
             path.exchange("s0", _push(rnd=2), b"abcd", 5, lambda: None)
         assert bytes(path.exchange("s0", _push(rnd=3), b"efgh", 5, lambda: None)) == b"efgh"
     finally:
         path.close()
+
+
+def test_a_lane_closed_because_the_job_failed_reports_the_jobs_reason(server):
+    """A server closes its lanes as it stops for a dead worker; the membership's reason, which arrives a
+    moment later, is what the call raises."""
+    van, address, got = server
+    path = DirectPath(None, 0, {}, auth=AUTH, lanes={"s0": address})
+    t_closed = []
+    try:
+        assert bytes(path.exchange("s0", _push(rnd=1), b"abcd", 5, lambda: None)) == b"abcd"
+        _drop_every_lane(van)
+        t_closed.append(time.monotonic())
+        alive = lambda: "worker rank 1 failed" if time.monotonic() - t_closed[0] > 0.3 else None  # noqa: E731
+        with pytest.raises(ConnectionError, match="^worker rank 1 failed$"):
+            path.exchange("s0", _push(rnd=2), b"abcd", 5, alive)
+    finally:
+        path.close()
+
+
+def test_opening_a_lane_to_a_silent_server_stops_at_the_jobs_failure():
+    """A frozen server accepts (the kernel does) but never greets: the call ends with the membership's
+    reason, not after the lane's 10 s connect timeout and a fallback."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    path = DirectPath(None, 0, {}, auth=AUTH, lanes={"s0": f"tcp://127.0.0.1:{silent.getsockname()[1]}"})
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConnectionError, match="^server 0 failed: no heartbeat$"):
+            path.exchange("s0", _push(), b"abcd", 30,
+                          lambda: "server 0 failed: no heartbeat" if time.monotonic() - t0 > 0.3 else None)
+        assert time.monotonic() - t0 < 3
+    finally:
+        path.close()
+        silent.close()

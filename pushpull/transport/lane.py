@@ -165,9 +165,11 @@ class LaneClient:
     """A worker thread's blocking lane to one server (not thread-safe: one per thread, as a ZeroMQ socket)."""
 
     def __init__(self, address: str, identity: bytes, key: bytes, timeout: float,
-                 max_message: int = DEFAULT_MAX_MESSAGE):
+                 max_message: int = DEFAULT_MAX_MESSAGE, alive: Callable[[], str | None] = lambda: None):
         """Connect to the lane at ``address`` (``unix:@NAME`` or ``tcp://HOST:PORT``) and prove membership;
-        raises OSError (LaneError: the peer is no pushpull lane of this job) after at most ``timeout`` s."""
+        raises OSError (LaneError: the peer is no pushpull lane of this job, or ``alive()``, asked every
+        quarter second while the server is silent, gave a reason to stop) after at most ``timeout`` s."""
+        self.alive = alive
         self.identity = identity
         self.pending: list = []  # messages read beyond the one asked for
         self.chunk = bytearray(_CHUNK)  # reads land here (a fresh _CHUNK-byte object per read costs more)
@@ -194,10 +196,13 @@ class LaneClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise LaneError(f"the server did not send {what} in time")
-            self.sock.settimeout(left)
+            self.sock.settimeout(min(left, 0.25))
             msg = self.recv()
             if msg is not None:
                 return msg
+            reason = self.alive()
+            if reason:
+                raise LaneError(f"gave up waiting for {what}: {reason}")
 
     def send(self, parts) -> None:
         _send_all(self.sock, frame(parts))

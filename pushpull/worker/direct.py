@@ -40,6 +40,7 @@ _send = zmq.backend.Socket.send
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 LIVENESS_S = 0.25  # how often a blocked call checks whether the cluster is still alive
 CONNECT_TIMEOUT_S = 10.0  # opening a lane (TCP connect and handshake)
+LANE_GRACE_S = 5.0  # after a lane broke, how long the membership may take to say why (see _broken)
 log = logging.getLogger(__name__)
 
 
@@ -63,8 +64,9 @@ class DirectPath:
         self._open: list = []  # zmq sockets and lane clients of every thread, closed by close()
         self.closed = False
 
-    def _lane(self, sock: str) -> LaneClient | None:
-        """This thread's lane to server ``sock``, opened on first use; None where there is none."""
+    def _lane(self, sock: str, alive) -> LaneClient | None:
+        """This thread's lane to server ``sock``, opened on first use; None where there is none. Opening it
+        raises ConnectionError with ``alive()``'s reason when the job fails meanwhile."""
         if not self.use_lanes:
             return None
         lanes = getattr(self._local, "lanes", None)
@@ -78,8 +80,11 @@ class DirectPath:
         address = self.lanes[sock]
         try:
             c = LaneClient(address, worker_identity(self.rank, f"l{self._local.tid}"), lane_key(self.auth),
-                           CONNECT_TIMEOUT_S)
+                           CONNECT_TIMEOUT_S, alive=alive)
         except OSError as e:
+            reason = alive()
+            if reason:
+                raise ConnectionError(reason) from None
             log.warning("rank %d: the direct lane to server %s at %s failed (%s); its direct calls go over "
                         "ZeroMQ", self.rank, sock[1:], address, e)
             self._no_lane.add(sock)
@@ -121,7 +126,7 @@ class DirectPath:
         """Send ``header`` + ``payload`` (None: no body) to server ``sock`` and return the body of its
         ``want`` answer for the same key and round. Raises TimeoutError after ``timeout`` s, RuntimeError with
         the server's text on an ERROR, and ``alive()``'s reason (checked every LIVENESS_S) as ConnectionError."""
-        lane = self._lane(sock) if self.lanes else None
+        lane = self._lane(sock, alive) if self.lanes else None
         if lane is not None:
             return self._exchange_lane(lane, sock, header, payload, timeout, alive, want)
         s = self._socket(sock)
@@ -146,16 +151,16 @@ class DirectPath:
     def _exchange_lane(self, lane: LaneClient, sock: str, header: Header, payload, timeout: float, alive,
                        want: MsgType) -> memoryview:
         """:meth:`exchange` over this thread's lane: a blocking write, then blocking reads of LIVENESS_S."""
+        deadline = time.monotonic() + timeout
         try:
             lane.send((header.pack(),) if payload is None else (header.pack(), payload))
         except OSError as e:
-            self._broken(sock, lane, e)
-        deadline = time.monotonic() + timeout
+            self._broken(sock, lane, e, deadline, alive)
         while True:
             try:
                 frames = lane.recv()
             except OSError as e:
-                self._broken(sock, lane, e)
+                self._broken(sock, lane, e, deadline, alive)
             if frames is None:
                 self._waited(sock, timeout, deadline, alive)
                 continue
@@ -163,14 +168,25 @@ class DirectPath:
             if body is not None:
                 return body
 
-    def _broken(self, sock: str, lane: LaneClient, e: OSError) -> None:
+    def _broken(self, sock: str, lane: LaneClient, e: OSError, deadline: float, alive) -> None:
         """The lane to ``sock`` failed (closed, reset, a write that timed out): forget it, so that the next
-        call opens a new one, and raise ConnectionError naming the server."""
+        call opens a new one, and raise ConnectionError. A server closes its lanes when it stops because
+        the job failed or changed, which the membership says a moment later: waiting up to LANE_GRACE_S
+        for ``alive()``'s reason names the real culprit (the dead worker, the lost server, the new
+        generation) instead of the lane."""
         self._local.lanes.pop(sock, None)
         with self._lock:
             if lane in self._open:
                 self._open.remove(lane)
         lane.close()
+        until = min(deadline, time.monotonic() + LANE_GRACE_S)
+        while True:
+            reason = alive()
+            if reason:
+                raise ConnectionError(reason) from None
+            if time.monotonic() >= until:
+                break
+            time.sleep(0.02)
         raise ConnectionError(f"the direct lane to server {sock[1:]} broke: {e}") from None
 
     @staticmethod
