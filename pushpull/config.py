@@ -200,6 +200,11 @@ SETTINGS: tuple[Setting, ...] = (
       "A blocking push_pull (not _async) of a ready, uncompressed, one-partition CPU tensor up to this size "
       "is sent and answered on the caller's own thread, skipping the communication thread's two hand-offs "
       "(a one-float push_pull: 460 us through the engine, 290 us direct; docs/results.md, Transport)."),
+    S("direct_lane", [], True, _bool, "0 | 1",
+      "Servers whose ZeroMQ traffic is not encrypted (PLAIN on loopback, PUSHPULL_AUTH=plain or none) also "
+      "listen for direct lanes: plain TCP, authenticated with an HMAC of the job secret, on which the direct "
+      "path (PUSHPULL_DIRECT_BYTES) sends and receives from the caller's thread without libzmq's I/O threads "
+      "(docs/results.md, Transport). 0: the direct path uses ZeroMQ."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
       "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "
       "communication thread (0 = on the communication thread); for compressed models with many large "

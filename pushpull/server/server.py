@@ -28,8 +28,9 @@ from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32, decode_json, dtype_code, dtype_name,
     encode_json,
 )
+from pushpull.transport.lane import lane_key
 from pushpull.transport.memory import keep_freed_buffers
-from pushpull.transport.security import auth_for
+from pushpull.transport.security import auth_for, is_loopback
 from pushpull.transport.van import Van
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,17 @@ class Server:
                                              max_message_bytes=cfg.max_message_bytes)
         except zmq.ZMQError as e:
             raise bind_error(listen, 0, e) from None
-        self.member = Member(self.van, cfg, {"role": "server", "host": self.host, "port": self.port},
+        info = {"role": "server", "host": self.host, "port": self.port}
+        # the direct lane (pushpull.transport.lane): plain TCP for the workers' direct path, where ZeroMQ's
+        # traffic is not encrypted either; its messages reach _handle like the ROUTER's
+        if cfg.direct_lane and (self.van.auth is None or self.van.auth.lane_allowed(self.host)):
+            try:
+                info["lane"] = self.van.bind_lane(SOCK, "0.0.0.0" if listen in ("*", "0.0.0.0") else listen,
+                                                  lane_key(self.van.auth), cfg.max_message_bytes,
+                                                  local=is_loopback(self.host))
+            except OSError as e:
+                raise bind_error(listen, 0, e) from None
+        self.member = Member(self.van, cfg, info,
                              on_registered=self._on_registered, on_message=self._scheduler_message)
         self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped
         self.joined: set[int] = set()  # ranks that called join() (shared with every KeyState)

@@ -74,6 +74,8 @@ class JobAuth:
         self.secret_key = _derive(b"curve key", secret)
         self.public_key = zmq.curve_public(self.secret_key)
         self.password = _derive(b"plain password", secret)
+        # the direct lanes' HMAC key (pushpull.transport.lane): a label of its own, so it reveals no other credential
+        self.lane_key = hashlib.sha256(b"pushpull lane key v1\0" + secret.encode()).digest()
         self._authenticators: dict[int, object] = {}
         self._lock = threading.Lock()
 
@@ -82,6 +84,11 @@ class JobAuth:
         if self.mode == "auto":
             return "plain" if is_loopback(host) else "curve"
         return self.mode
+
+    def lane_allowed(self, host: str) -> bool:
+        """Whether a server on ``host`` may offer direct lanes (pushpull.transport.lane): only where its
+        ZeroMQ traffic is not encrypted either (PLAIN), so a lane never downgrades CURVE."""
+        return self.mechanism(host) == "plain"
 
     def listen(self, sock: zmq.Socket, host: str) -> None:
         """Make ``sock`` (before it binds on ``host``) admit only job members."""

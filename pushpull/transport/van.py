@@ -12,6 +12,12 @@ hundred-odd tiny gradients (biases, norms) otherwise cost a zmq message, a
 wake-up and a Python dispatch each at both ends, which on a CPU-bound host
 costs more than their bytes. Order per peer is kept: a large message first
 sends what is held for its peer.
+
+A ROUTER can have a direct lane beside it (:meth:`Van.bind_lane`,
+:mod:`pushpull.transport.lane`): plain sockets polled in the same loop, whose
+messages reach the ROUTER's handler and whose identities' answers go back on
+them. While only lanes are busy, the loop waits with one poll() instead of
+zmq_poll (:meth:`Van._quiet_wait`).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import collections
 import heapq
 import itertools
 import logging
+import select
 import threading
 import time
 from typing import Callable
@@ -27,6 +34,7 @@ import zmq
 import zmq.backend
 from zmq.utils.monitor import recv_monitor_message
 
+from pushpull.transport.lane import LaneServer
 from pushpull.transport.ratelimit import RateLimitedLog
 from pushpull.transport.protocol import (
     BATCHED_OVERHEAD, Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch,
@@ -45,6 +53,7 @@ _recv = zmq.backend.Socket.recv
 # pyzmq's getsockopt wraps ZMQ_EVENTS in a PollEvent enum (an enum call per check)
 _getsockopt = zmq.backend.Socket.get
 BATCH_LIMIT = 1 << 20  # bytes held for one peer before they go out without waiting for the pass to end
+QUIET_WAIT_MS = 100  # the longest wait that skips zmq_poll (see Van._quiet_wait) before one is made anyway
 
 def tcp_host(addr: str) -> str:
     """The host of a ``tcp://host:port`` address."""
@@ -77,6 +86,12 @@ class Van:
         self._handlers: dict[zmq.Socket, tuple[str, Callable, bool]] = {}
         self._monitors: dict[zmq.Socket, Callable[[int, str], None]] = {}  # monitor socket -> handler
         self._poller = zmq.Poller()
+        self._lanes: dict[str, LaneServer] = {}  # ROUTER name -> its direct lane (pushpull.transport.lane)
+        self._lane_fds: dict[int, LaneServer] = {}  # descriptor -> the lane it belongs to
+        # ZeroMQ socket operations on the I/O thread, and registration changes: see _quiet_wait
+        self._zmq_ops = 0
+        self._poll_version = 0
+        self._quiet: tuple | None = None  # (version, select.poll, ZMQ_FDs in it)
         self._outbox: collections.deque = collections.deque()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
@@ -131,6 +146,33 @@ class Van:
         s.connect(addr)
         self._add(sid, s, handler, router=False)
 
+    def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0, local: bool = False) -> str:
+        """Beside ROUTER ``sid`` (bound first), listen on ``host`` (or, ``local``, on an abstract Unix socket) for
+        direct lanes (plain sockets from a worker's calling thread, :mod:`pushpull.transport.lane`); returns
+        the lane's address. Their messages go to ``sid``'s handler with the lane's proven identity, and a
+        send to that identity on ``sid`` takes the lane. Must be called before :meth:`start`."""
+        _, handler, _ = self._handlers[self._sockets[sid]]
+        fds = self._lane_fds
+
+        def watch(fd: int, events: int) -> None:
+            if events:
+                if fd not in fds:
+                    fds[fd] = lane
+                self._poller.register(fd, events)  # registering again changes the events
+            elif fd in fds:
+                del fds[fd]
+                self._poller.unregister(fd)
+            self._poll_version += 1
+
+        def deliver(identity: bytes, frames: list) -> None:
+            self._dispatch(sid, identity, frames, handler, True)
+
+        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log, local=local)
+        lane.start()
+        self._lanes[sid] = lane
+        self.call_later(1.0, lane.check_hellos, every=1.0)
+        return lane.address
+
     def monitor(self, sid: str, events: int, on_event: Callable[[int, str], None]) -> None:
         """Call ``on_event(event, endpoint)`` on the I/O thread when libzmq reports one of ``events``
         (``zmq.EVENT_*`` flags) on socket ``sid``: a closed connection is known at once, where heartbeats
@@ -139,6 +181,8 @@ class Van:
             m = self._sockets[sid].get_monitor_socket(events)
             self._monitors[m] = on_event
             self._poller.register(m, zmq.POLLIN)
+            self._poll_version += 1
+            self._zmq_ops += 1
 
         if self._thread is None or threading.current_thread() is self._thread:
             register()
@@ -146,6 +190,7 @@ class Van:
             self.call_soon(register)
 
     def _drain_monitor(self, m: zmq.Socket, on_event: Callable[[int, str], None]) -> None:
+        self._zmq_ops += 1
         while _getsockopt(m, _EVENTS) & _POLLIN:
             try:
                 ev = recv_monitor_message(m, _NOBLOCK)
@@ -163,6 +208,7 @@ class Van:
         if dest in self._batches:
             self._flush(dest)
         s = self._sockets[sid]
+        self._zmq_ops += 1
         try:
             _send(s, identity, _SNDMORE | _NOBLOCK, copy=True)
             _send(s, header.pack(), _NOBLOCK, copy=True)
@@ -175,6 +221,8 @@ class Van:
             self._sockets[sid] = s
             self._handlers[s] = (sid, handler, router)
             self._poller.register(s, zmq.POLLIN)
+            self._poll_version += 1
+            self._zmq_ops += 1
 
         if self._thread is None or threading.current_thread() is self._thread:
             register()
@@ -276,7 +324,11 @@ class Van:
             log.error("%s: send on unknown socket %r dropped", self.name, sid)
             return
         if identity is not None:
+            lane = self._lanes.get(sid) if self._lanes else None
+            if lane is not None and lane.send(identity, parts):
+                return
             parts = [identity, *parts]
+        self._zmq_ops += 1
         try:
             last = len(parts) - 1
             # never blocking: a DEALER whose only peer is gone (or refused its handshake) would block
@@ -312,7 +364,37 @@ class Van:
     def running(self) -> bool:
         return self._running
 
+    def _quiet_wait(self, timeout_ms: int) -> dict | None:
+        """Wait for the lanes (plain descriptors) without zmq_poll, or None if a ZeroMQ socket may have news.
+
+        Why: zmq_poll asks every ZeroMQ socket for ZMQ_EVENTS before and after it waits, a poll() and a
+        getpid() each inside libzmq: 16 system calls per direct-lane round on a server, where the round's
+        own work is 4. Only valid while no ZeroMQ socket was touched since a zmq_poll: each socket's
+        ZMQ_FD then signals when anything arrives for it (libzmq re-arms it as it finds a pipe empty; any
+        send or receive may consume a signal, which is why ``_zmq_ops`` counts them). Each ZMQ_FD is
+        watched here too, and its signal sends the loop back to zmq_poll."""
+        if self._quiet is None or self._quiet[0] != self._poll_version:
+            p, zfds = select.poll(), set()
+            for sock, flags in self._poller.sockets:
+                if isinstance(sock, int):
+                    p.register(sock, (select.POLLIN if flags & _POLLIN else 0)
+                               | (select.POLLOUT if flags & int(zmq.POLLOUT) else 0))
+                else:
+                    fd = sock.getsockopt(zmq.FD)
+                    p.register(fd, select.POLLIN)
+                    zfds.add(fd)
+            self._quiet = (self._poll_version, p, zfds)
+        _, p, zfds = self._quiet
+        events = {}
+        for fd, ev in p.poll(timeout_ms):
+            if fd in zfds:
+                return None
+            events[fd] = ((_POLLIN if ev & select.POLLIN else 0) | (int(zmq.POLLOUT) if ev & select.POLLOUT else 0)
+                          | (int(zmq.POLLERR) if ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL) else 0))
+        return events
+
     def _loop(self) -> None:
+        quiet_at = -1  # _zmq_ops as of the last zmq_poll (-1: make the next wait a zmq_poll)
         try:
             while self._running:
                 timeout_ms = 1000
@@ -320,8 +402,16 @@ class Van:
                     timeout_ms = max(0, min(timeout_ms, int((self._timers[0][0] - time.monotonic()) * 1000) + 1))
                 if self._outbox or self._batches or self._deferred:  # work queued by the last pass
                     timeout_ms = 0
-                events = dict(self._poller.poll(timeout_ms))
+                events = None
+                if quiet_at == self._zmq_ops and timeout_ms > 0 and self._lane_fds:
+                    events = self._quiet_wait(min(timeout_ms, QUIET_WAIT_MS))
+                    if not events:  # timed out (or a ZeroMQ socket signalled): zmq_poll next
+                        quiet_at = -1
+                if events is None:
+                    events = dict(self._poller.poll(timeout_ms))
+                    quiet_at = self._zmq_ops
                 if self._wake_rx in events:
+                    self._zmq_ops += 1
                     while _getsockopt(self._wake_rx, _EVENTS) & _POLLIN:
                         self._wake_rx.recv(_NOBLOCK)
                     # cleared after the wake-ups are consumed, before the outbox is drained: a set
@@ -334,6 +424,11 @@ class Van:
                 for m, on_event in list(self._monitors.items()):
                     if m in events:
                         self._drain_monitor(m, on_event)
+                if self._lane_fds:
+                    for fd, ev in events.items():
+                        lane = self._lane_fds.get(fd) if fd.__class__ is int else None
+                        if lane is not None:
+                            lane.ready(fd, ev)
                 self._run_timers()
                 # deferred work first: what it sends joins this pass's batches instead of waiting
                 if self._deferred:
@@ -360,6 +455,7 @@ class Van:
     def _drain_socket(self, s: zmq.Socket, sid: str, handler: Callable, router: bool) -> None:
         # ZMQ_EVENTS says whether a message is waiting: cheaper than ending every drain on a raised
         # zmq.Again (an exception object per poll); bounded so one busy peer cannot starve the others
+        self._zmq_ops += 1
         for _ in range(256):
             if not _getsockopt(s, _EVENTS) & _POLLIN:
                 return
@@ -376,21 +472,25 @@ class Van:
                                           self.name, sid)
                     continue
                 identity, frames = frames[0].bytes, frames[1:]
+            self._dispatch(sid, identity, frames, handler, router)
+
+    def _dispatch(self, sid: str, identity: bytes | None, frames: list, handler: Callable, router: bool) -> None:
+        """Decode one received message (a BATCH into its messages) and run the socket's handler on each."""
+        try:
+            msg = decode(frames)
+            msgs = unpack_batch(msg) if msg.header.type is _BATCH else (msg,)
+        except ProtocolError as e:
+            self.peer_log.warning((sid, identity, "malformed"), "%s: dropped malformed message on %s from %r: %s",
+                                  self.name, sid, identity, e)
+            return
+        for msg in msgs:
             try:
-                msg = decode(frames)
-                msgs = unpack_batch(msg) if msg.header.type is _BATCH else (msg,)
-            except ProtocolError as e:
-                self.peer_log.warning((sid, identity, "malformed"), "%s: dropped malformed message on %s from %r: %s",
-                                      self.name, sid, identity, e)
-                continue
-            for msg in msgs:
-                try:
-                    if router:
-                        handler(identity, msg)
-                    else:
-                        handler(msg)
-                except Exception:
-                    log.exception("%s: handler for %s failed on %s", self.name, msg.header.type.name, sid)
+                if router:
+                    handler(identity, msg)
+                else:
+                    handler(msg)
+            except Exception:
+                log.exception("%s: handler for %s failed on %s", self.name, msg.header.type.name, sid)
 
     def _run_timers(self) -> None:
         now = time.monotonic()
@@ -404,6 +504,8 @@ class Van:
                 heapq.heappush(self._timers, (now + every, next(self._timer_seq), every, fn))
 
     def _close(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
         for s in list(self._sockets.values()):
             if self._monitors:
                 try:

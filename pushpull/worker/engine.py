@@ -130,7 +130,9 @@ class Engine:
         # also used to ask a server which ranks a timed-out wait is missing (PUSHPULL_DIRECT_BYTES=0 or not)
         self.direct = DirectPath(self.van.ctx, self.rank,
                                  {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]},
-                                 auth=self.van.auth)
+                                 auth=self.van.auth,
+                                 lanes={f"s{s['rank']}": str(s["lane"]) for s in book["servers"]
+                                        if s.get("lane") and self.cfg.direct_lane})
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
                                     worker_identity(self.rank), self.kv.on_server_message)

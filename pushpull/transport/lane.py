@@ -1,0 +1,448 @@
+"""The direct lane: plain TCP between a worker's calling thread and a server's I/O thread.
+
+Why: a ZeroMQ message never goes from one Python thread to the socket itself. libzmq hands it to its own
+I/O thread, which writes it; at the other end libzmq's I/O thread reads it and wakes the Python thread.
+A small push_pull crosses four such hops (two pushes, two answers), so it pays eight thread wake-ups
+that do no work of ours; on two shared cores a worker -> server -> worker exchange of one float through
+ZeroMQ took 195 us where the same exchange over plain TCP sockets took 65 us (the floor gloo's
+all_reduce gets, as gloo writes to its socket from the caller's thread). The lane carries the same
+messages as the ZeroMQ connection (the header and body frames of :mod:`pushpull.transport.protocol`,
+batches included) and feeds the server's same handler, so every check (sender rank against the
+connection's identity, key, round, generation, dtype and length) applies unchanged.
+
+Where it listens: on a server whose advertised address is loopback, on an abstract Unix socket
+(Linux: scoped to the network namespace as loopback is, no file left behind), which the kernel
+delivers with less work than TCP (a one-float exchange of three processes: 50 against 60-85 us);
+elsewhere on TCP beside the ROUTER. Its address, ``unix:@NAME`` or ``tcp://HOST:PORT``, goes to
+the workers in the address book.
+
+Framing: a message is its length (u32, little-endian, the bytes after it), then each frame as its
+length (u32) and bytes. Where it is offered: only where the job's ZeroMQ traffic is not encrypted
+anyway (PLAIN on loopback, PUSHPULL_AUTH=plain or none; :meth:`pushpull.transport.security.JobAuth.lane_allowed`),
+so it never downgrades CURVE.
+
+Who may use it: the connection proves it holds the job secret before anything of it reaches a handler.
+The server opens with a random nonce; the client answers with its identity, a nonce of its own and
+HMAC-SHA256(lane key, both nonces, identity); the server answers with an HMAC over the same nonces under
+another label, which proves to the client that it talks to a member too. A peer that fails, sends more
+than :data:`HELLO_MAX` bytes before proving itself, or stays silent for :data:`HELLO_TIMEOUT_S`, is
+disconnected. After that, messages are bounded by the server's ``max_message_bytes``. Like a ROUTER,
+a lane admits one live connection per identity.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import struct
+import sys
+import time
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"pushpull-lane/1"
+_U32 = struct.Struct("<I")
+NONCE_BYTES = 32
+HELLO_MAX = 512  # bytes a connection may send before it has proved it holds the job secret
+HELLO_TIMEOUT_S = 10.0
+MAX_PENDING_HELLOS = 64  # unproven connections held at once; more are closed at accept
+DEFAULT_MAX_MESSAGE = 64 << 20  # a message's bytes when the server sets no PUSHPULL_MAX_MESSAGE_BYTES
+SEND_TIMEOUT_S = 10.0  # a worker's write to a server that reads nothing for this long fails
+OUTBOX_MAX = 256 << 20  # bytes queued for one slow reader before its connection is dropped
+_CHUNK = 1 << 18  # bytes asked of one recv
+# poll flags as the owner's poller reports them (ZeroMQ's zmq_poll, which also polls plain descriptors)
+READ, WRITE, ERROR = 1, 2, 4
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    if address.startswith("unix:@"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect("\0" + address[len("unix:@"):])
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if not address.startswith("tcp://"):
+        raise LaneError(f"lane address {address!r} is neither unix:@NAME nor tcp://HOST:PORT")
+    host, port = address[len("tcp://"):].rsplit(":", 1)
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _timeval(seconds: float) -> bytes:
+    return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+
+
+class LaneError(ConnectionError):
+    """The lane's peer broke the framing or the handshake; the text says how."""
+
+
+def lane_key(auth) -> bytes:
+    """The HMAC key of a job's lanes (``auth``: a JobAuth, or None with PUSHPULL_AUTH=none: an empty key,
+    so the handshake keeps out only what is not a pushpull lane, as that setting asks)."""
+    return auth.lane_key if auth is not None else b""
+
+
+def _proof(key: bytes, label: bytes, snonce: bytes, cnonce: bytes, identity: bytes) -> bytes:
+    return hmac.new(key, MAGIC + label + snonce + cnonce + identity, hashlib.sha256).digest()
+
+
+def frame(parts) -> list:
+    """The buffers of one lane message carrying ``parts`` (bytes-like, or zmq.Frame), for ``sendmsg``."""
+    out = [b""]
+    total = 0
+    for p in parts:
+        view = memoryview(p)
+        n = view.nbytes
+        out.append(_U32.pack(n))
+        out.append(view)
+        total += 4 + n
+    out[0] = _U32.pack(total)
+    return out
+
+
+class Reader:
+    """Reassembles lane messages from a byte stream; each comes out as a list of frames (memoryviews of
+    one bytes object of its own)."""
+
+    def __init__(self, max_message: int):
+        self.max_message = max_message
+        self.buf = bytearray()
+
+    def feed(self, data) -> list:
+        """Add ``data``; the messages it completes. Raises LaneError on a message over the limit or
+        frames that do not add up to its length."""
+        buf = self.buf
+        if not buf:  # the usual case: whole messages in one read, parsed without the buffer
+            buf = bytes(data)
+        else:
+            buf += data
+        out, off, end = [], 0, len(buf)
+        while end - off >= 4:
+            (total,) = _U32.unpack_from(buf, off)
+            if total > self.max_message:
+                raise LaneError(f"a message of {total} bytes (limit {self.max_message})")
+            if end - off - 4 < total:
+                break
+            body = buf[off + 4:off + 4 + total] if buf.__class__ is bytes else bytes(buf[off + 4:off + 4 + total])
+            off += 4 + total
+            view, frames, i = memoryview(body), [], 0
+            while i < total:
+                if i + 4 > total:
+                    raise LaneError("a frame length cut short")
+                (n,) = _U32.unpack_from(body, i)
+                if i + 4 + n > total:
+                    raise LaneError(f"a frame of {n} bytes runs past its message")
+                frames.append(view[i + 4:i + 4 + n])
+                i += 4 + n
+            out.append(frames)
+        if self.buf:
+            if off:
+                del self.buf[:off]
+        elif off < end:
+            self.buf = bytearray(buf[off:])
+        return out
+
+
+def _send_all(sock: socket.socket, bufs: list) -> None:
+    """Blocking ``sendmsg`` of every byte of ``bufs`` (bounded by the socket's timeout)."""
+    while bufs:
+        sent = sock.sendmsg(bufs)
+        while bufs and sent >= memoryview(bufs[0]).nbytes:
+            sent -= memoryview(bufs[0]).nbytes
+            bufs.pop(0)
+        if sent:
+            bufs[0] = memoryview(bufs[0])[sent:]
+
+
+class LaneClient:
+    """A worker thread's blocking lane to one server (not thread-safe: one per thread, as a ZeroMQ socket)."""
+
+    def __init__(self, address: str, identity: bytes, key: bytes, timeout: float,
+                 max_message: int = DEFAULT_MAX_MESSAGE, alive: Callable[[], str | None] = lambda: None):
+        """Connect to the lane at ``address`` (``unix:@NAME`` or ``tcp://HOST:PORT``) and prove membership;
+        raises OSError (LaneError: the peer is no pushpull lane of this job, or ``alive()``, asked every
+        quarter second while the server is silent, gave a reason to stop) after at most ``timeout`` s."""
+        self.alive = alive
+        self.identity = identity
+        self.pending: list = []  # messages read beyond the one asked for
+        self.chunk = bytearray(_CHUNK)  # reads land here (a fresh _CHUNK-byte object per read costs more)
+        self.chunk_view = memoryview(self.chunk)
+        self.sock = _connect(address, timeout)
+        try:
+            self.reader = Reader(max(max_message, HELLO_MAX))
+            deadline = time.monotonic() + timeout
+            hello = self._expect(deadline, "its greeting")
+            if len(hello) != 2 or bytes(hello[0]) != MAGIC or len(hello[1]) != NONCE_BYTES:
+                raise LaneError("the server's greeting is not a pushpull lane's")
+            snonce, cnonce = bytes(hello[1]), os.urandom(NONCE_BYTES)
+            _send_all(self.sock, frame([MAGIC, identity, cnonce, _proof(key, b"client", snonce, cnonce, identity)]))
+            ok = self._expect(deadline, "its answer to our credentials (another job's secret?)")
+            want = _proof(key, b"server", snonce, cnonce, identity)
+            if len(ok) != 2 or bytes(ok[0]) != MAGIC or not hmac.compare_digest(bytes(ok[1]), want):
+                raise LaneError("the server did not prove it holds the job secret")
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _expect(self, deadline: float, what: str) -> list:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LaneError(f"the server did not send {what} in time")
+            self.sock.settimeout(min(left, 0.25))
+            msg = self.recv()
+            if msg is not None:
+                return msg
+            reason = self.alive()
+            if reason:
+                raise LaneError(f"gave up waiting for {what}: {reason}")
+
+    def send(self, parts) -> None:
+        _send_all(self.sock, frame(parts))
+
+    def recv(self):
+        """The next message's frames, or None when the socket's timeout passed first (a part of a message
+        read meanwhile is kept). Raises LaneError when the server closed the connection."""
+        if self.pending:
+            return self.pending.pop(0)
+        try:
+            n = self.sock.recv_into(self.chunk)
+        except (socket.timeout, BlockingIOError):
+            return None
+        if not n:
+            raise LaneError("the server closed the connection")
+        msgs = self.reader.feed(self.chunk_view[:n])
+        if not msgs:
+            return None
+        self.pending = msgs[1:]
+        return msgs[0]
+
+    def settimeout(self, seconds: float) -> None:
+        """Reads that give up after ``seconds`` (``recv`` then returns None), and writes after SEND_TIMEOUT_S.
+        The kernel keeps the time (SO_RCVTIMEO on a blocking socket): a timeout kept by Python would cost a
+        poll() before every read and write."""
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Conn:
+    __slots__ = ("sock", "fd", "identity", "snonce", "since", "reader", "out", "out_bytes")
+
+    def __init__(self, sock: socket.socket, snonce: bytes):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.identity: bytes | None = None  # set once the peer proved it holds the secret
+        self.snonce = snonce
+        self.since = time.monotonic()
+        self.reader = Reader(HELLO_MAX)
+        self.out: list = []  # buffers the kernel did not take yet
+        self.out_bytes = 0
+
+
+class LaneServer:
+    """A server's lane listener and its connections; driven by the owning Van on its I/O thread (it
+    registers the descriptors with the Van's poller and calls :meth:`ready` with their events)."""
+
+    def __init__(self, host: str, key: bytes, max_message: int, watch: Callable[[int, int], None],
+                 deliver: Callable[[bytes, list], None], peer_log, local: bool = False):
+        """Listen on ``host`` (TCP, any port), or with ``local`` (the server is reached on loopback) on an
+        abstract Unix socket where the system has them. ``watch(fd, events)``: (re)register ``fd`` for
+        READ / WRITE (0: unregister); ``deliver(identity, frames)``: a message from a proven connection;
+        ``peer_log``: a RateLimitedLog."""
+        self.key = key
+        self.max_message = max_message or DEFAULT_MAX_MESSAGE
+        self.watch = watch
+        self.deliver = deliver
+        self.peer_log = peer_log
+        self.tcp = not (local and sys.platform.startswith("linux"))
+        if self.tcp:
+            self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind((host, 0))
+            port = self.listener.getsockname()[1]
+            self.address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        else:
+            name = f"pushpull-lane-{os.getpid()}-{os.urandom(8).hex()}"
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind("\0" + name)
+            self.address = "unix:@" + name
+        self.listener.listen(128)
+        self.listener.setblocking(False)
+        self.chunk = bytearray(_CHUNK)  # every connection's reads land here first (one I/O thread)
+        self.chunk_view = memoryview(self.chunk)
+        self.conns: dict[int, _Conn] = {}  # fd -> connection
+        self.by_identity: dict[bytes, _Conn] = {}
+
+    def start(self) -> None:
+        """Start accepting (once the owner can be told about descriptors)."""
+        self.watch(self.listener.fileno(), READ)
+
+    def owns(self, fd) -> bool:
+        return fd == self.listener.fileno() or fd in self.conns
+
+    def ready(self, fd: int, events: int) -> None:
+        if fd == self.listener.fileno():
+            self._accept()
+            return
+        c = self.conns.get(fd)
+        if c is None:
+            return
+        if events & WRITE and c.out:
+            self._flush(c)
+        if events & (READ | ERROR) and c.fd in self.conns:
+            self._read(c)
+
+    def _accept(self) -> None:
+        for _ in range(16):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self.peer_log.warning(("lane", "accept"), "lane: accept failed: %s", e)
+                return
+            if sum(1 for c in self.conns.values() if c.identity is None) >= MAX_PENDING_HELLOS:
+                sock.close()
+                self.peer_log.warning(("lane", "hellos"), "lane: %d connections have not proved themselves yet; "
+                                      "refused another", MAX_PENDING_HELLOS)
+                continue
+            sock.setblocking(False)
+            if self.tcp:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c = _Conn(sock, os.urandom(NONCE_BYTES))
+            self.conns[c.fd] = c
+            self.watch(c.fd, READ)
+            self._write(c, frame([MAGIC, c.snonce]))
+
+    def _read(self, c: _Conn) -> None:
+        try:
+            n = c.sock.recv_into(self.chunk)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.drop(c, f"read failed: {e}")
+            return
+        if not n:
+            self.drop(c, None)
+            return
+        try:
+            msgs = c.reader.feed(self.chunk_view[:n])
+        except LaneError as e:
+            self.drop(c, str(e))
+            return
+        for frames in msgs:
+            if c.identity is None:
+                if not self._hello(c, frames):
+                    return
+                continue
+            self.deliver(c.identity, frames)
+            if c.fd not in self.conns:
+                return
+
+    def _hello(self, c: _Conn, frames: list) -> bool:
+        if len(frames) != 4 or bytes(frames[0]) != MAGIC or len(frames[2]) != NONCE_BYTES or not 0 < len(frames[1]) <= 64:
+            self.drop(c, "not a pushpull lane greeting")
+            return False
+        identity, cnonce = bytes(frames[1]), bytes(frames[2])
+        if not hmac.compare_digest(bytes(frames[3]), _proof(self.key, b"client", c.snonce, cnonce, identity)):
+            self.drop(c, "wrong credentials (no PUSHPULL_SECRET, or another job's)")
+            return False
+        if identity in self.by_identity:
+            self.drop(c, f"identity {identity!r} is already connected")
+            return False
+        c.identity = identity
+        c.reader.max_message = self.max_message
+        self.by_identity[identity] = c
+        self._write(c, frame([MAGIC, _proof(self.key, b"server", c.snonce, cnonce, identity)]))
+        return True
+
+    def send(self, identity: bytes, parts) -> bool:
+        """Send one message to ``identity``'s connection; False when it has none."""
+        c = self.by_identity.get(identity)
+        if c is None:
+            return False
+        self._write(c, frame(parts))
+        return True
+
+    def _write(self, c: _Conn, bufs: list) -> None:
+        if not c.out:
+            try:
+                sent = c.sock.sendmsg(bufs)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as e:
+                self.drop(c, f"write failed: {e}")
+                return
+            while bufs and sent >= memoryview(bufs[0]).nbytes:
+                sent -= memoryview(bufs[0]).nbytes
+                bufs.pop(0)
+            if not bufs:
+                return
+            if sent:
+                bufs[0] = memoryview(bufs[0])[sent:]
+            self.watch(c.fd, READ | WRITE)
+        # the kernel's buffer is full: keep a copy (the frames may be reused) and send on POLLOUT
+        chunk = b"".join(bytes(b) for b in bufs)
+        c.out.append(chunk)
+        c.out_bytes += len(chunk)
+        if c.out_bytes > OUTBOX_MAX:
+            self.drop(c, f"it has not read {c.out_bytes} bytes sent to it")
+
+    def _flush(self, c: _Conn) -> None:
+        try:
+            sent = c.sock.sendmsg(c.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.drop(c, f"write failed: {e}")
+            return
+        c.out_bytes -= sent
+        while c.out and sent >= len(c.out[0]):
+            sent -= len(c.out[0])
+            c.out.pop(0)
+        if sent:
+            c.out[0] = c.out[0][sent:]
+        if not c.out:
+            self.watch(c.fd, READ)
+
+    def check_hellos(self) -> None:
+        """Close connections that have not proved themselves within HELLO_TIMEOUT_S (a timer calls this)."""
+        now = time.monotonic()
+        for c in [c for c in self.conns.values() if c.identity is None and now - c.since > HELLO_TIMEOUT_S]:
+            self.drop(c, f"no valid greeting within {HELLO_TIMEOUT_S:g}s")
+
+    def drop(self, c: _Conn, why: str | None) -> None:
+        """Close ``c`` (``why``: logged, rate-limited per peer, unless it simply hung up)."""
+        if self.conns.pop(c.fd, None) is None:
+            return
+        if c.identity is not None and self.by_identity.get(c.identity) is c:
+            del self.by_identity[c.identity]
+        self.watch(c.fd, 0)
+        if why:
+            self.peer_log.warning(("lane", c.identity or "unproven"), "lane: closed the connection of %s: %s",
+                                  c.identity or "an unproven peer", why)
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for c in list(self.conns.values()):
+            self.drop(c, None)
+        self.watch(self.listener.fileno(), 0)
+        self.listener.close()
+
