@@ -199,7 +199,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("direct_bytes", [], 65536, _int_min(0), "integer >= 0 (0 = off)",
       "A blocking push_pull (not _async) of a ready, uncompressed, one-partition CPU tensor up to this size "
       "is sent and answered on the caller's own thread, skipping the communication thread's two hand-offs "
-      "(a one-float push_pull: 460 us through the engine, 290 us direct; docs/results.md, Transport)."),
+      "(what each path costs: `pushpull bench latency`, docs/results.md, Transport)."),
     S("direct_lane", [], True, _bool, "0 | 1",
       "Servers whose ZeroMQ traffic is not encrypted (PLAIN on loopback, PUSHPULL_AUTH=plain or none) also "
       "listen for direct lanes: plain TCP, authenticated with an HMAC of the job secret, on which the direct "
@@ -366,6 +366,7 @@ class Config:
     keep_freed_buffers: bool
     batch_bytes: int
     direct_bytes: int
+    direct_lane: bool
     threadpool_size: int
     key_hash_fn: str
     strategy: str

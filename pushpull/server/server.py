@@ -79,9 +79,8 @@ class Server:
         # traffic is not encrypted either; its messages reach _handle like the ROUTER's
         if cfg.direct_lane and (self.van.auth is None or self.van.auth.lane_allowed(self.host)):
             try:
-                info["lane"] = self.van.bind_lane(SOCK, "0.0.0.0" if listen in ("*", "0.0.0.0") else listen,
-                                                  lane_key(self.van.auth), cfg.max_message_bytes,
-                                                  local=is_loopback(self.host))
+                info["lane"] = self.van.bind_lane(SOCK, listen, lane_key(self.van.auth), cfg.max_message_bytes,
+                                                  local=is_loopback(self.host), advertised=self.host)
             except OSError as e:
                 raise bind_error(listen, 0, e) from None
         self.member = Member(self.van, cfg, info,

@@ -258,8 +258,10 @@ class LaneServer:
     registers the descriptors with the Van's poller and calls :meth:`ready` with their events)."""
 
     def __init__(self, host: str, key: bytes, max_message: int, watch: Callable[[int, int], None],
-                 deliver: Callable[[bytes, list], None], peer_log, local: bool = False):
-        """Listen on ``host`` (TCP, any port), or with ``local`` (the server is reached on loopback) on an
+                 deliver: Callable[[bytes, list], None], peer_log, local: bool = False,
+                 advertised: str | None = None):
+        """Listen on ``host`` (TCP, any port; ``"*"``: every interface) and give ``advertised`` (default
+        ``host``) as the address workers connect to, or with ``local`` (the server is reached on loopback) on an
         abstract Unix socket where the system has them. ``watch(fd, events)``: (re)register ``fd`` for
         READ / WRITE (0: unregister); ``deliver(identity, frames)``: a message from a proven connection;
         ``peer_log``: a RateLimitedLog."""
@@ -272,9 +274,10 @@ class LaneServer:
         if self.tcp:
             self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.listener.bind((host, 0))
+            self.listener.bind(("" if host == "*" else host, 0))
             port = self.listener.getsockname()[1]
-            self.address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+            shown = advertised or host
+            self.address = f"tcp://[{shown}]:{port}" if ":" in shown else f"tcp://{shown}:{port}"
         else:
             name = f"pushpull-lane-{os.getpid()}-{os.urandom(8).hex()}"
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -146,7 +146,8 @@ class Van:
         s.connect(addr)
         self._add(sid, s, handler, router=False)
 
-    def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0, local: bool = False) -> str:
+    def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0, local: bool = False,
+                  advertised: str | None = None) -> str:
         """Beside ROUTER ``sid`` (bound first), listen on ``host`` (or, ``local``, on an abstract Unix socket) for
         direct lanes (plain sockets from a worker's calling thread, :mod:`pushpull.transport.lane`); returns
         the lane's address. Their messages go to ``sid``'s handler with the lane's proven identity, and a
@@ -167,7 +168,8 @@ class Van:
         def deliver(identity: bytes, frames: list) -> None:
             self._dispatch(sid, identity, frames, handler, True)
 
-        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log, local=local)
+        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log, local=local,
+                          advertised=advertised)
         lane.start()
         self._lanes[sid] = lane
         self.call_later(1.0, lane.check_hellos, every=1.0)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pushpull.transport.lane import (
-    HELLO_MAX, MAGIC, LaneClient, LaneError, Reader, frame, lane_key,
+    HELLO_MAX, MAGIC, LaneClient, LaneError, LaneServer, Reader, frame, lane_key,
 )
 from pushpull.transport.protocol import Flags, Header, MsgType, decode, encode_json
 from pushpull.transport.security import JobAuth
@@ -237,3 +237,15 @@ def test_opening_a_lane_to_a_silent_server_stops_at_the_jobs_failure():
     finally:
         path.close()
         silent.close()
+
+
+def test_a_lane_listening_on_every_interface_advertises_the_servers_address():
+    """PUSHPULL_BIND_HOST=* : the lane listens everywhere but the workers are told the advertised address
+    (a wildcard address would send a worker on another machine to its own loopback)."""
+    lane = LaneServer("*", b"k" * 32, 0, lambda fd, ev: None, lambda ident, frames: None, None,
+                      advertised="127.0.0.1")
+    try:
+        assert lane.address.startswith("tcp://127.0.0.1:"), lane.address
+        assert lane.listener.getsockname()[0] == "0.0.0.0"
+    finally:
+        lane.listener.close()
