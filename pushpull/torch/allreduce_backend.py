@@ -15,19 +15,30 @@ rank's own arrivals. As in ByteScheduler, rank 0 decides and the others follow:
   0 = whole tensors) and queued in a :class:`~pushpull.worker.credit_queue.CreditQueue`
   ordered by priority (then partition index, then arrival). The dispatcher
   admits partitions while the bytes in flight are under the credit (0 =
-  unlimited), and broadcasts each admitted batch as a small int64 tensor
-  ``[count, (tensor id, offset, numel, total numel) * count]`` over a second,
-  gloo-only *control* group. Tensor ids are a 63-bit hash of the name, so no
-  id table needs agreeing on.
+  unlimited), and broadcasts each admitted batch (everything admissible at
+  once) as a small int64 tensor ``[count, (tensor id, offset, numel, total
+  numel, dtype) * count]`` over a second, gloo-only *control* group. Tensor
+  ids are a 63-bit hash of the name, so no id table needs agreeing on.
 * Every rank (rank 0 included) then walks the batch in order: waits until it
   has submitted that tensor itself (up to PUSHPULL_TIMEOUT, then an error
-  naming it), and issues ``all_reduce(async_op=True)`` on a view of the
-  partition. The first time an id is seen, all ranks compare its size and
-  dtype with one small control all-reduce, so a mismatch fails the tensor on
-  every rank with its name instead of hanging.
-* A *completer* thread waits for the issued works in issue order, returns
-  their credit to rank 0's queue, and completes a tensor's handle (dividing
-  by the number of workers for an average) when its last partition is in.
+  naming it), and issues ``all_reduce(async_op=True)``. The first time an id
+  is seen, all ranks compare its size and dtype with one small control
+  all-reduce, so a mismatch fails the tensor on every rank with its name
+  instead of hanging; a rank whose tensor differs from rank 0's message later
+  fails it by name and reduces zeros in its place, so the ranks' collectives
+  stay aligned.
+* Tensor fusion: the batch's small partitions (up to ``FUSE_PART_BYTES``),
+  consecutive and of one dtype, are copied into one buffer of at most
+  ``FUSE_BYTES`` and reduced by one collective (:func:`fuse_groups`, computed
+  from rank 0's message alone, so every rank groups alike); a larger
+  partition is reduced in place. A collective has a fixed cost (a chain of
+  messages through every rank) that dwarfs copying a few KB, so a stream of
+  small tensors, a backward pass over hundreds of them, pays it about once
+  per batch instead of once per tensor.
+* A *completer* thread waits for the issued works in issue order, copies
+  fused results back, returns their credit to rank 0's queue, and completes
+  a tensor's handle (dividing by the number of workers for an average) when
+  its last partition is in.
 
 Nothing can deadlock on order: a rank's training thread submits all of a
 step's gradients before waiting on any, and the dispatcher of a rank that is
