@@ -16,7 +16,9 @@ this machine, so its probe is ``--workers N --servers N`` here. Printed: per bac
 what they mean for the simulator (:func:`pushpull.sim.config.per_call_costs`, the mapping the ``auto``
 strategy applies to its own start-up probes: the stream's time per reduction is a per-message CPU stage,
 ``--message-s``; what one reduction alone takes beyond it is latency, split over a push and a pull or the
-ring's 2(n-1) steps, ``--latency``); ``--out FILE`` appends one JSON line per backend.
+ring's 2(n-1) steps, ``--latency``); ``--out FILE`` appends one JSON line per backend. Beside the all-reduce backend it prints its
+peer: gloo's own ``all_reduce`` of the same 4 KB, alone and in a stream of 16, in the same processes (on a
+machine whose cores the ranks share, gloo's own cost is what bounds the backend's, not a 1-float figure).
 """
 from __future__ import annotations
 
