@@ -16,7 +16,9 @@ this machine, so its probe is ``--workers N --servers N`` here. Printed: per bac
 what they mean for the simulator (:func:`pushpull.sim.config.per_call_costs`, the mapping the ``auto``
 strategy applies to its own start-up probes: the stream's time per reduction is a per-message CPU stage,
 ``--message-s``; what one reduction alone takes beyond it is latency, split over a push and a pull or the
-ring's 2(n-1) steps, ``--latency``); ``--out FILE`` appends one JSON line per backend.
+ring's 2(n-1) steps, ``--latency``); ``--out FILE`` appends one JSON line per backend. Beside the all-reduce backend it prints its
+peer: gloo's own ``all_reduce`` of the same 4 KB, alone and in a stream of 16, in the same processes (on a
+machine whose cores the ranks share, gloo's own cost is what bounds the backend's, not a 1-float figure).
 """
 from __future__ import annotations
 
@@ -48,15 +50,45 @@ def child_main(args) -> int:
     bps.barrier()
     small = _time_reduction(comm, PROBE_BYTES, "probe.small", reps=args.reps)
     stream = _time_stream(comm, PROBE_BYTES, reps=max(3, args.reps // 10))
+    gloo = [float("nan")] * 2
+    if bps.config().backend == "allreduce":  # the peer: gloo's own all_reduce, same processes, same sizes
+        gloo = _time_gloo(args.reps)
     # rank 0's figures go to every rank, as the grid's jobs agree on theirs
-    agreed = comm.broadcast_from_root(torch.tensor([small, stream], dtype=torch.float64), "probe.agree")
+    agreed = comm.broadcast_from_root(torch.tensor([small, stream, *gloo], dtype=torch.float64), "probe.agree")
     bps.barrier()
     if bps.rank() == 0:
         with open(args.out, "w") as f:
             json.dump({"workers": bps.size(), "servers": bps.config().num_server, "backend": bps.config().backend,
-                       "t_small_s": float(agreed[0]), "t_stream_s": float(agreed[1])}, f)
+                       "t_small_s": float(agreed[0]), "t_stream_s": float(agreed[1]),
+                       "gloo_small_s": float(agreed[2]), "gloo_stream_s": float(agreed[3])}, f)
     bps.shutdown()
     return 0
+
+
+def _time_gloo(reps: int) -> list[float]:
+    """gloo's raw ``all_reduce`` of the probe's 4 KB in the all-reduce job's own process group: alone (median
+    of ``reps``) and in a stream of 16 issued at once (per reduction), as the backend's figures are timed."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    bufs = [torch.zeros(PROBE_BYTES // 4) for _ in range(16)]
+    dist.all_reduce(bufs[0])   # warm-up, as the backend's first use is not timed
+    dist.barrier()
+    alone = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dist.all_reduce(bufs[0])
+        alone.append(time.perf_counter() - t0)
+    dist.barrier()
+    stream = []
+    for _ in range(max(3, reps // 10)):
+        t0 = time.perf_counter()
+        for w in [dist.all_reduce(b, async_op=True) for b in bufs]:
+            w.wait()
+        stream.append((time.perf_counter() - t0) / len(bufs))
+    return [statistics.median(alone), statistics.median(stream)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {backend:<9} one 4 KB reduction {r['t_small_s'] * 1e3:6.2f} ms, in a stream of 16 "
               f"{r['t_stream_s'] * 1e3:6.2f} ms each  ->  pushpull sim --backend {backend} "
               f"--message-s {msg * 1e6:.0f}us --latency {lat * 1e6:.0f}us")
+        if r.get("gloo_small_s") == r.get("gloo_small_s"):  # not NaN: the all-reduce job timed its peer
+            print(f"  {'gloo':<9} one 4 KB all_reduce  {r['gloo_small_s'] * 1e3:6.2f} ms, in a stream of 16 "
+                  f"{r['gloo_stream_s'] * 1e3:6.2f} ms each  (torch.distributed, same processes): "
+                  f"{backend} / gloo {r['t_small_s'] / r['gloo_small_s']:.2f}x alone, "
+                  f"{r['t_stream_s'] / r['gloo_stream_s']:.2f}x in a stream")
         rows.append({"backend": backend, "workers": r["workers"], "servers": r["servers"],
                      "t_small_s": r["t_small_s"], "t_stream_s": r["t_stream_s"], "latency_s": lat, "message_s": msg,
+                     "gloo_small_s": r.get("gloo_small_s"), "gloo_stream_s": r.get("gloo_stream_s"),
                      "reps": args.reps,
                      "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t0)), "machine": socket.gethostname(),
                      "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())})

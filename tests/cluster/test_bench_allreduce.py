@@ -68,8 +68,10 @@ def test_probe_bench_rows(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "pushpull sim --backend ps --message-s" in r.stdout
     assert "pushpull sim --backend allreduce --message-s" in r.stdout
+    assert "gloo      one 4 KB all_reduce" in r.stdout  # the peer, printed beside the all-reduce backend
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [(d["backend"], d["workers"], d["servers"]) for d in rows] == [("ps", 2, 1), ("allreduce", 2, 1)]
+    assert rows[1]["gloo_small_s"] > 0 and rows[1]["gloo_stream_s"] > 0
     for d in rows:
         assert d["t_small_s"] > 0 and d["t_stream_s"] > 0
         lat, msg = per_call_costs(d["backend"], 2, d["t_small_s"], d["t_stream_s"])

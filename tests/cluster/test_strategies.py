@@ -41,3 +41,11 @@ def test_strategies_over_allreduce_with_rank_dependent_order():
     out = launch(3, 1, ["sums", "order", "mismatch", "train", "layerwise"], {"PUSHPULL_BACKEND": "allreduce"})
     assert out.count("MISMATCH-ERROR") == 3 and "'mismatched'" in out
     assert out.count("case order ok") == 3
+
+
+def test_allreduce_fuses_small_tensors_of_mixed_dtypes():
+    """Tensor fusion in the all-reduce backend: mixed dtypes and a large tensor between small ones, in
+    rank-dependent orders, reduce right; a dtype changed after first use fails that tensor by name."""
+    out = launch(3, 1, ["fusion"], {"PUSHPULL_BACKEND": "allreduce"})
+    assert out.count("case fusion ok") == 3
+    assert out.count("DTYPE-CHANGED-ERROR") == 1 and "'fusion.changes'" in out

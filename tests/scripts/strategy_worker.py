@@ -224,8 +224,56 @@ def case_mismatch() -> None:
     close("after mismatch", y, torch.full((5,), float(bps.size())))
 
 
+def case_fusion() -> None:
+    """All-reduce: small tensors of mixed dtypes (fused per run of one dtype), a large one between them
+    (reduced alone), averages and sums, submitted in rank-dependent orders: every result is right; then a
+    rank that changes one tensor's dtype after its first use fails that tensor by name, and the tensors
+    reduced beside it are still right."""
+    from pushpull.torch import allreduce_backend as allreduce
+
+    red = allreduce.get_reducer()
+    r, n = bps.rank(), bps.size()
+    big = allreduce.FUSE_PART_BYTES // 4 + 10
+    kinds = [(torch.float32, 7), (torch.float32, 1), (torch.float64, 5), (torch.float64, 2), (torch.int32, 3),
+             (torch.int32, 2), (torch.float32, big), (torch.float32, 1), (torch.float32, 3), (torch.float16, 4),
+             (torch.float16, 4), (torch.int64, 9)]   # rank 0 submits in this order: runs of one dtype
+    fused_before = red.stats["fused"]
+    for rnd in range(3):
+        for average in (False, True):
+            xs = {i: torch.full((numel,), float(3 * i + r + rnd), dtype=dt) for i, (dt, numel) in enumerate(kinds)}
+            hs = [(i, red.submit(xs[i], f"fusion.{i}.{average}", average=average)) for i in my_order(list(xs))]
+            for i, h in hs:
+                red.wait(h, timeout=60)
+                total = n * (3 * i + rnd) + sum(range(n))
+                want = total / n if average else total
+                if not xs[i].dtype.is_floating_point:
+                    want = int(total // n) if average else total
+                close(f"fusion: tensor {i} ({xs[i].dtype}) round {rnd} average {average}", xs[i],
+                      torch.full_like(xs[i], want), atol=1e-3)
+    if red.stats["fused"] == fused_before:
+        fail(f"fusion: no tensor was reduced in a fused collective: {red.stats}")
+    # a dtype changed after first use, on rank 1 only: that rank fails it by name; the rest stay right
+    for rnd in range(2):
+        bad = torch.ones(6, dtype=torch.float64 if (r == 1 and rnd == 1) else torch.float32)
+        ok = [torch.full((5,), float(r + j)) for j in range(4)]
+        hs = [red.submit(bad, "fusion.changes", average=False)]
+        hs += [red.submit(x, f"fusion.beside.{j}", average=False) for j, x in enumerate(ok)]
+        try:
+            red.wait(hs[0], timeout=60)
+            if r == 1 and rnd == 1:
+                fail("fusion: a dtype changed after first use was not detected")
+        except bps.PushPullError as e:
+            if not (r == 1 and rnd == 1) or "fusion.changes" not in str(e):
+                fail(f"fusion: unexpected error {e}")
+            print(f"DTYPE-CHANGED-ERROR: {e}", flush=True)
+        for j, (h, x) in enumerate(zip(hs[1:], ok)):
+            red.wait(h, timeout=60)
+            close(f"fusion: beside the changed tensor, {j} round {rnd}", x, torch.full((5,), float(n * j + sum(range(n)))))
+    print(f"fusion ok: {red.stats}", flush=True)
+
+
 CASES = {"sums": case_sums, "train": case_train, "layerwise": case_layerwise, "order": case_order,
-         "mismatch": case_mismatch}
+         "mismatch": case_mismatch, "fusion": case_fusion}
 
 
 def main() -> None:
