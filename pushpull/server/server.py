@@ -422,15 +422,13 @@ class Server:
             items = q.get()
             if items is None:
                 return
+            stop = False
             if schedule:
                 items, stop = scheduled(items, q)
-                for item in items:
-                    self._serve(*item)
-                if stop:
-                    return
-                continue
             for item in items:
                 self._serve(*item)
+            if stop:
+                return
 
     def _serve(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         """One push or pull of a key, on its engine thread (or on the I/O thread with 0 engines); then the

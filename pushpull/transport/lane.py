@@ -150,15 +150,20 @@ class Reader:
         return out
 
 
+def _drop_sent(bufs: list, sent: int) -> None:
+    """Remove from the front of ``bufs`` the ``sent`` bytes a ``sendmsg`` took (a buffer taken in part is
+    replaced by a view of its rest)."""
+    while bufs and sent >= memoryview(bufs[0]).nbytes:
+        sent -= memoryview(bufs[0]).nbytes
+        bufs.pop(0)
+    if sent:
+        bufs[0] = memoryview(bufs[0])[sent:]
+
+
 def _send_all(sock: socket.socket, bufs: list) -> None:
     """Blocking ``sendmsg`` of every byte of ``bufs`` (bounded by the socket's timeout)."""
     while bufs:
-        sent = sock.sendmsg(bufs)
-        while bufs and sent >= memoryview(bufs[0]).nbytes:
-            sent -= memoryview(bufs[0]).nbytes
-            bufs.pop(0)
-        if sent:
-            bufs[0] = memoryview(bufs[0])[sent:]
+        _drop_sent(bufs, sock.sendmsg(bufs))
 
 
 class LaneClient:
@@ -390,13 +395,9 @@ class LaneServer:
             except OSError as e:
                 self.drop(c, f"write failed: {e}")
                 return
-            while bufs and sent >= memoryview(bufs[0]).nbytes:
-                sent -= memoryview(bufs[0]).nbytes
-                bufs.pop(0)
+            _drop_sent(bufs, sent)
             if not bufs:
                 return
-            if sent:
-                bufs[0] = memoryview(bufs[0])[sent:]
             self.watch(c.fd, READ | WRITE)
         # the kernel's buffer is full: keep a copy (the frames may be reused) and send on POLLOUT
         chunk = b"".join(bytes(b) for b in bufs)
@@ -414,11 +415,7 @@ class LaneServer:
             self.drop(c, f"write failed: {e}")
             return
         c.out_bytes -= sent
-        while c.out and sent >= len(c.out[0]):
-            sent -= len(c.out[0])
-            c.out.pop(0)
-        if sent:
-            c.out[0] = c.out[0][sent:]
+        _drop_sent(c.out, sent)
         if not c.out:
             self.watch(c.fd, READ)
 
