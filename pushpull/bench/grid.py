@@ -55,7 +55,8 @@ Keys (defaults in brackets):
 * ``repeats`` [1]: separate launches of each job.
 * ``ps_partition_bytes`` [4,096,000 x size scale, at least 64 KiB]: the PS
   engine's key size (``BYTEPS_PARTITION_BYTES``); keys are spread over the
-  servers, and every key is one push and one pull message.
+  servers, and every key is one push and one pull message. A list makes it a
+  grid axis (``"default"`` or ``null`` in it = the default).
 * ``timeout`` [600]: seconds per launch.
 * ``exclude`` [[]]: partial cells to leave out, e.g.
   ``[{"backend": "allreduce", "placement": "separate"}]``.
@@ -188,13 +189,14 @@ def expand(cfg: dict) -> list[dict]:
     jobs = []
     grad_mb = float(cfg.get("grad_mb", 8))
     specs = [strategy_spec(s, cfg) for s in _list(cfg.get("strategies"), ["wfbp", "bytescheduler"])]
-    for model, backend, n, srv, placement, bw, ratio, auth, ls, lr, rep in itertools.product(
+    for model, backend, n, srv, placement, bw, ratio, auth, ls, lr, psp, rep in itertools.product(
             _list(cfg.get("models"), ["resnet50"]), _list(cfg.get("backends"), [DEFAULTS.backend]),
             _list(cfg.get("workers"), [4]), _list(cfg.get("servers"), ["workers"]),
             _list(cfg.get("placements"), ["colocated"]),
             _list(cfg.get("bandwidths"), ["200mbit"]), _list(cfg.get("ratios"), [1.0]),
             _list(cfg.get("auth"), [DEFAULTS.auth]), _list(cfg.get("local_size"), [1]),
-            _list(cfg.get("local_reduce"), [DEFAULTS.local_reduce]), range(int(cfg.get("repeats", 1)))):
+            _list(cfg.get("local_reduce"), [DEFAULTS.local_reduce]), _list(cfg.get("ps_partition_bytes"), [None]),
+            range(int(cfg.get("repeats", 1)))):
         k = n if srv == "workers" else int(srv)
         ls = int(ls)
         lr = {True: "on", False: "off"}.get(lr, str(lr).lower())
@@ -221,8 +223,8 @@ def expand(cfg: dict) -> list[dict]:
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
                      # PS keys sharded at ByteScheduler's size x the size scale (BYTEPS_PARTITION_BYTES)
-                     "ps_partition_bytes": units.size_bytes(cfg["ps_partition_bytes"], "ps_partition_bytes") if cfg.get("ps_partition_bytes")
-                     else scaled_ps_partition_bytes(size_scale)})
+                     "ps_partition_bytes": units.size_bytes(psp, "ps_partition_bytes")
+                     if psp not in (None, "default") else scaled_ps_partition_bytes(size_scale)})
     return jobs
 
 

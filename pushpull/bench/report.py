@@ -5,7 +5,7 @@ Writes into ``--out-dir`` (default: the results file's folder):
 * ``<name>.md``: the generated part sits between ``<!-- report:begin -->`` and
   ``<!-- report:end -->``; text outside the markers (analysis written by hand)
   is kept when the report is regenerated. Tables: per group (model, backend,
-  workers, servers, placement, bandwidth, ratio) every strategy's median step
+  workers, servers, placement, bandwidth, ratio, PS key size) every strategy's median step
   time, throughput mean +- std over the tries (samples/s, all workers) and
   speedup over ``wfbp`` of the same group (over the group's
   first strategy where it has no ``wfbp``, e.g. ``wfbp+lw``); where both backends ran the same
@@ -26,7 +26,8 @@ from pathlib import Path
 from pushpull.cli import help_text
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
-GROUP = ("model", "backend", "workers", "servers", "placement", "bandwidth", "ratio", "local_size", "local_reduce")
+GROUP = ("model", "backend", "workers", "servers", "placement", "bandwidth", "ratio", "local_size", "local_reduce",
+         "ps_partition_bytes")
 
 
 def _mean_std(xs):
@@ -104,16 +105,17 @@ def local_reduce_comparison(agg: list[dict]) -> list[dict]:
 def backend_comparison(agg: list[dict]) -> list[dict]:
     """PS cells next to the all-reduce cell of the same model, strategy, workers, bandwidth and ratio
     (an all-reduce has no servers, so its placement does not matter)."""
+    drop = ("backend", "servers", "placement", "ps_partition_bytes")  # the PS key size is no all-reduce setting
     ar = {}
     for a in agg:
         if a["backend"] == "allreduce":
-            ar.setdefault(_gkey(a, drop=("backend", "servers", "placement")) + (a["strategy"],), a)
+            ar.setdefault(_gkey(a, drop=drop) + (a["strategy"],), a)
     res = []
     for a in agg:
         if a["backend"] == "ps":
-            b = ar.get(_gkey(a, drop=("backend", "servers", "placement")) + (a["strategy"],))
+            b = ar.get(_gkey(a, drop=drop) + (a["strategy"],))
             if b:
-                ddp = ar.get(_gkey(a, drop=("backend", "servers", "placement")) + ("ddp",))
+                ddp = ar.get(_gkey(a, drop=drop) + ("ddp",))
                 res.append({**a, "ar_step_s": b["step_s"], "ps_over_ar": b["step_s"] / a["step_s"],
                             "ddp_step_s": ddp["step_s"] if ddp else None, **bounds(a)})
     return res
@@ -173,6 +175,14 @@ def _fmt_bw(b):
     return str(b)
 
 
+def _key_label(a: dict, agg: list[dict]) -> str:
+    """' (N KiB keys)' for a PS cell when the rows ran more than one PS key size (a grid axis), else ''."""
+    sizes = {b.get("ps_partition_bytes") for b in agg if b["backend"] == "ps"}
+    if a["backend"] != "ps" or len(sizes) < 2 or not a.get("ps_partition_bytes"):
+        return ""
+    return f" ({a['ps_partition_bytes'] / 1024:g} KiB keys)"
+
+
 def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
     agg = aggregate(rows)
     modes = sorted({r.get("mode", "?") for r in rows})
@@ -188,7 +198,7 @@ def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
         sp = f"{a['speedup']:.2f}x" if a["speedup"] else "-"
         ls = a.get("local_size") or 1
         workers = f"{a['workers']}x{ls}" if ls > 1 else a["workers"]
-        strategy = a["strategy"] + (f" (local reduce {a.get('local_reduce')})" if ls > 1 else "")
+        strategy = a["strategy"] + (f" (local reduce {a.get('local_reduce')})" if ls > 1 else "") + _key_label(a, agg)
         lines.append(f"| {a['model']} | {a['backend']} | {workers} | "
                      f"{a['servers'] if a['backend'] == 'ps' else '-'} | {a['placement']} | {_fmt_bw(a['bandwidth'])} | "
                      f"{a['ratio']:g} | {strategy} | {a['step_s'] * 1e3:.0f} | "
@@ -211,7 +221,7 @@ def markdown(rows: list[dict], name: str, plots: list[str]) -> str:
         def ratio(x, y):
             return f"{x / y:.2f}x" if x and y else "-"
         for c in cmp_:
-            line = (f"| {c['model']} | {c['strategy']} | {c['workers']} | {c['servers']} | {c['placement']} | "
+            line = (f"| {c['model']} | {c['strategy']}{_key_label(c, agg)} | {c['workers']} | {c['servers']} | {c['placement']} | "
                     f"{c['bandwidth']} | {c['ratio']:g} | {ms(c['step_s'])} | {ms(c['ps_bound_s'])} | "
                     f"{ratio(c['step_s'], c['ps_bound_s'])} | {ms(c['ar_step_s'])} | {ms(c['ring_bound_s'])} | "
                     f"{ratio(c['ar_step_s'], c['ring_bound_s'])} | {c['ps_over_ar']:.2f}x |")
@@ -279,11 +289,12 @@ def plots(rows: list[dict], out_dir: Path, name: str) -> list[str]:
     agg = aggregate(rows)
     made = []
     # bars: speedup per group
-    groups = []
+    groups, labels = [], []
     for a in agg:
         g = _gkey(a)
         if g not in groups:
             groups.append(g)
+            labels.append(f"{g[0]}\n{g[1]} n={g[2]}\n{g[5]} r={g[6]:g}" + _key_label(a, agg).replace(" (", "\n(", 1))
     strategies = []
     for a in agg:
         if a["strategy"] not in strategies:
@@ -298,7 +309,7 @@ def plots(rows: list[dict], out_dir: Path, name: str) -> list[str]:
         ax.bar([j + i * w for j in range(len(groups))], ys, w, label=s)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
-    ax.set_xticklabels([f"{g[0]}\n{g[1]} n={g[2]}\n{g[5]} r={g[6]:g}" for g in groups], fontsize=7)
+    ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("speedup over wfbp (or the group's first strategy)")
     ax.set_title(f"{name}: speedup over the baseline")
     ax.legend(fontsize=7)

@@ -33,6 +33,18 @@ def test_grid_expands_processes_per_host_and_older_rows_keep_their_cells():
         expand({"name": "x", "models": ["vgg16"], "local_reduce": ["sometimes"]})
 
 
+def test_grid_ps_partition_bytes_list_is_an_axis_with_the_default_in_it():
+    """A list of PS key sizes makes one job per size; "default" in it is the scaled default (what a
+    user's key size is for the scaled model), and each size is its own cell."""
+    from pushpull.bench.grid import cell_key, expand, scaled_ps_partition_bytes
+
+    jobs = expand({"name": "x", "models": ["vgg16"], "strategies": ["bsp"], "workers": [2], "grad_mb": 8,
+                   "ps_partition_bytes": ["default", 32768, "16KiB"]})
+    default = scaled_ps_partition_bytes(jobs[0]["size_scale"])
+    assert [j["ps_partition_bytes"] for j in jobs] == [default, 32768, 16384]
+    assert len({cell_key(dict(j, strategy="bsp")) for j in jobs}) == 3
+
+
 def test_report_compares_the_local_reduce_with_flat_against_the_bound():
     from pushpull.bench.report import markdown
 
@@ -49,3 +61,18 @@ def test_report_compares_the_local_reduce_with_flat_against_the_bound():
     # 1.6 / 0.9 faster; bound c + M/B = 0.16 + 0.64 s (flat: c + 2 M/B); half the bytes; in force on / off
     assert "| 1600 | 900 | 1.78x | 800 | 1.12x | 1440 |" in line, line
     assert "| 0.50, 0.50 | yes / no |" in line, line
+
+
+def test_report_keeps_ps_key_sizes_apart_and_compares_each_with_the_ring():
+    from pushpull.bench.report import markdown
+
+    base = {"model": "vgg16", "workers": 8, "servers": 8, "placement": "separate", "bandwidth": "100mbit",
+            "bandwidth_bytes_s": 12.5e6, "ratio": 0.25, "strategy": "bsp", "compute_s": 0.16, "grad_bytes": 8e6,
+            "t_comm_s": 1.0, "try_throughput": [1.0], "throughput": 1.0, "mode": "namespaces", "grad_mb": 8,
+            "steps": 3, "try_step_s": [1.0]}
+    rows = [dict(base, backend="ps", ps_partition_bytes=65536, step_s=0.95),
+            dict(base, backend="ps", ps_partition_bytes=32768, step_s=0.90),
+            dict(base, backend="allreduce", ps_partition_bytes=65536, step_s=1.35)]
+    text = markdown(rows, "x", [])
+    assert "| bsp (64 KiB keys) | 950 |" in text and "| bsp (32 KiB keys) | 900 |" in text
+    assert "| 1.42x |" in text and "| 1.50x |" in text  # each key size against the same ring cell
