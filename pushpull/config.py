@@ -181,7 +181,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], None, _auto_or_int, "auto | integer >= 0 (0 = unlimited)",
       "Credit in partitions: how many partitions a worker may have pushed and not yet acknowledged (0 = no "
       "limit). auto (default; BytePS's default is 0): when the servers are on other hosts, a window of twice the "
-      "measured bandwidth-delay product (round trips and delivery rate of the pushes' acknowledgements), at least "
+      "measured bandwidth-delay product (the smallest round trip of a push, times the delivery rate of the "
+      "pushes' acknowledgements over two windows of them, as acknowledgements come in bunches), at least "
       "one partition per server and 2, at most 64: every server's link has work while all workers push the same "
       "keys at the same time, so rounds complete in priority order instead of when the slowest of many competing "
       "TCP flows delivers (docs/results/byteps_ps_vs_allreduce.md); unlimited when every server is on this host "

@@ -54,7 +54,6 @@ class KVClient:
         self.inflight: dict[int, Op] = {}
         self.queue: CreditQueue = CreditQueue(credit_bytes)
         self.window: AutoWindow | None = None
-        self.delivered = 0  # bytes of pushes acknowledged so far (the auto window's rate samples)
         self.send_next: Callable[[tuple, int], None] | None = None
         self.trace_ack: Callable[[int, int], None] | None = None  # the tracer's push_acked, while tracing
         self._req = 0
@@ -121,7 +120,6 @@ class KVClient:
         p.held = nbytes
         if self.window is not None:
             p.t_sent = time.perf_counter()
-            p.delivered_at_send = self.delivered
 
     def done(self, p: Partition) -> None:
         """``p``'s request is answered: it leaves the wire, its credit (if still held) goes back."""
@@ -201,9 +199,7 @@ class KVClient:
         if op is not None and ep is not None and op.round == h.round and ep[1].held:
             p = ep[1]
             if self.window is not None and p.t_sent:
-                self.delivered += p.nbytes
-                self.queue.credit_bytes = self.window.on_ack(self.delivered - p.delivered_at_send,
-                                                             time.perf_counter() - p.t_sent)
+                self.queue.credit_bytes = self.window.on_ack(p.nbytes, time.perf_counter() - p.t_sent)
             self.queue.release(p.held)
             p.held = 0
             self.queue.admit(self.send_next)

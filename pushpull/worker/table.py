@@ -103,7 +103,6 @@ class Partition:
     held: int = 0         # credit bytes held by the push in flight (returned at PUSH_ACK)
     sock: str = ""        # the van socket of its server
     t_sent: float = 0.0   # when its push left (for the auto window's round trips)
-    delivered_at_send: int = 0  # the client's acknowledged bytes then
     completed: int = 0    # backup workers: the highest round its server said had completed
 
 

@@ -85,28 +85,56 @@ class _Clock:
         return self.t
 
 
+def _path(w, clock, rate, rtt0, part=65_536, acks=400):
+    """Drive ``w`` over a path of ``rate`` bytes/s and propagation round trip ``rtt0``: pushes go out while
+    the window allows, serialised at the rate; each is acknowledged ``rtt0`` after it left."""
+    link_free, in_flight, n = 0.0, [], 0
+    while n < acks:
+        while (len(in_flight) + 1) * part <= w.bytes:
+            link_free = max(clock.t, link_free) + part / rate
+            in_flight.append((link_free + rtt0, clock.t))
+        ack_at, t_sent = in_flight.pop(0)
+        clock.t = max(clock.t, ack_at)
+        w.on_ack(part, clock.t - t_sent)
+        n += 1
+
+
 def test_auto_window_stays_at_its_floor_on_a_short_path():
-    """Round trips of a partition's own transmission (no path delay): twice the product is under the floor."""
+    """No path delay (the emulated grid's namespaces): twice the product is under the floor."""
     from pushpull.worker.window import AutoWindow
 
-    w = AutoWindow(floor=256_000, cap=4_000_000, clock=_Clock())
-    for _ in range(50):  # 256 KB in flight, 12.5 MB/s link: ~20 ms queueing, 5 ms minimum
-        w.on_ack(256_000, 0.020)
-    w.on_ack(65_536, 0.005)
-    assert w.bytes == 256_000
+    clock = _Clock()
+    w = AutoWindow(floor=262_144, cap=4_194_304, clock=clock)
+    _path(w, clock, rate=25e6, rtt0=0.0002)
+    assert w.bytes == 262_144
+
+
+def test_auto_window_bunched_acknowledgements_do_not_inflate_the_rate():
+    """What the 200 Mbit/s grid showed: a link of 25 MB/s, acknowledgements in bunches of four 64 KiB
+    partitions every 10.5 ms, the last of each sent just before its bunch came back (1.2 ms round trip).
+    Counting the bunch over that push's round trip measured 218 MB/s and doubled the window; the rate
+    over two windows of acknowledgements is the link's, and the window stays at its floor."""
+    from pushpull.worker.window import AutoWindow
+
+    clock = _Clock()
+    w = AutoWindow(floor=262_144, cap=4_194_304, clock=clock)
+    for _ in range(100):
+        clock.t += 0.0105
+        for rtt in (0.0105, 0.008, 0.005, 0.0012):
+            w.on_ack(65_536, rtt)
+    assert w.bytes == 262_144
 
 
 def test_auto_window_grows_to_twice_the_bandwidth_delay_product():
-    """A 10 ms round trip at 25 MB/s: the window grows from its floor to ~2 x 250 KB and stops there."""
+    """A 10 ms round trip at 25 MB/s: the window grows from its floor to ~2 x the product and stops there."""
     from pushpull.worker.window import AutoWindow
 
-    rate, rtt0 = 25e6, 0.010
-    w = AutoWindow(floor=256_000, cap=10_000_000, clock=_Clock())
-    for _ in range(40):  # what a path of that rate and delay answers for the window in force:
-        in_flight = w.bytes  # all of it is acknowledged within one round trip
-        rtt = max(rtt0, in_flight / rate)
-        w.on_ack(in_flight, rtt)
-    assert abs(w.bytes - 2 * rate * rtt0) / (2 * rate * rtt0) < 0.05
+    rate, rtt0, part = 25e6, 0.010, 65_536
+    clock = _Clock()
+    w = AutoWindow(floor=262_144, cap=10_000_000, clock=clock)
+    _path(w, clock, rate=rate, rtt0=rtt0, part=part)
+    bdp = rate * (rtt0 + part / rate)  # the smallest round trip includes one partition's transmission
+    assert abs(w.bytes - 2 * bdp) / (2 * bdp) < 0.1
 
 
 def test_auto_window_is_capped_and_forgets_old_samples():
@@ -114,9 +142,13 @@ def test_auto_window_is_capped_and_forgets_old_samples():
 
     clock = _Clock()
     w = AutoWindow(floor=100_000, cap=1_000_000, clock=clock)
-    w.on_ack(1_000_000, 0.001)      # 1 GB/s x ... -> capped
+    for _ in range(30):             # 100 KB every 0.1 ms (1 GB/s), 1 ms round trips: 2 MB -> capped
+        clock.t += 0.0001
+        w.on_ack(100_000, 0.001)
     assert w.bytes == 1_000_000
-    for _ in range(3):              # a horizon later only the new, slower samples count
+    for _ in range(3):              # a horizon later only the new, slower samples count:
         clock.t += HORIZON_S / 2 + 0.1
-        w.on_ack(100_000, 0.050)
-    assert w.bytes == 200_000       # 2 x 2 MB/s x 50 ms
+        for _ in range(30):         # 100 KB every 50 ms (2 MB/s), 50 ms round trips
+            clock.t += 0.05
+            w.on_ack(100_000, 0.050)
+    assert abs(w.bytes - 200_000) <= 1  # 2 x 2 MB/s x 50 ms
