@@ -17,7 +17,7 @@ bunches (a server answers the pushes it read in one pass together, TCP delivers
 in bursts, four servers' answers cross), and a push sent just before a bunch
 came back measured several times the link's rate (214 MB/s on a 25 MB/s link,
 4 partitions acknowledged within 1.2 ms); the maximum kept those, the window
-doubled within a launch and the 200 Mbit/s grid's steps got 10-15 % slower from
+doubled within a launch and the 200 Mbit/s grid's steps got 10-20 % slower from
 its first tries to its last (docs/results/byteps_ps_vs_allreduce_window.md).
 Over two windows of bytes a bunch is averaged with the gaps around it. The
 window is twice the best rate times the smallest round trip seen in the last
