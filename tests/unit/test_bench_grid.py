@@ -49,3 +49,21 @@ def test_report_compares_the_local_reduce_with_flat_against_the_bound():
     # 1.6 / 0.9 faster; bound c + M/B = 0.16 + 0.64 s (flat: c + 2 M/B); half the bytes; in force on / off
     assert "| 1600 | 900 | 1.78x | 800 | 1.12x | 1440 |" in line, line
     assert "| 0.50, 0.50 | yes / no |" in line, line
+
+
+def test_restrict_keeps_only_the_named_backend_and_models():
+    """`pushpull bench grid --backends allreduce --models bert_large` re-runs one backend's cells of a
+    config (after that backend changed); the rows keep the config's name, so they replace the old ones."""
+    from pushpull.bench.grid import expand, restrict
+
+    cfg = {"name": "g", "models": ["resnet50", "bert_large"], "strategies": ["bsp", "wfbp"],
+           "backends": ["ps", "allreduce"], "workers": [4], "bandwidths": ["200mbit"]}
+    jobs = expand(restrict(cfg, backends="allreduce", models="bert_large"))
+    assert {(j["backend"], j["model"]) for j in jobs} == {("allreduce", "bert_large")}
+
+
+def test_restrict_names_a_backend_the_config_lacks():
+    from pushpull.bench.grid import restrict
+
+    with pytest.raises(ValueError, match="ring"):
+        restrict({"name": "g", "backends": ["ps", "allreduce"]}, backends="ring")
