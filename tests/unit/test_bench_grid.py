@@ -67,3 +67,17 @@ def test_restrict_names_a_backend_the_config_lacks():
 
     with pytest.raises(ValueError, match="ring"):
         restrict({"name": "g", "backends": ["ps", "allreduce"]}, backends="ring")
+
+
+def test_report_pairs_a_rerun_backend_with_older_rows_of_the_other():
+    """A PS row written before local_size/local_reduce existed and an all-reduce row re-run since (which
+    carries them at their defaults) are the same cell: the PS-vs-all-reduce table pairs them."""
+    from pushpull.bench.report import markdown
+
+    cell = {"model": "vgg16", "workers": 4, "servers": 4, "placement": "separate", "bandwidth": "100mbit",
+            "bandwidth_bytes_s": 12.5e6, "ratio": 0.25, "strategy": "wfbp", "base_strategy": "wfbp",
+            "compute_s": 0.16, "grad_bytes": 8e6, "batch_size": 32, "mode": "namespaces", "config": "x",
+            "try_throughput": [1.0], "throughput": 1.0, "size_scale": 1.0, "tensors": 32, "t_comm_s": 0.7}
+    ps = dict(cell, backend="ps", step_s=0.8)
+    ring = dict(cell, backend="allreduce", step_s=1.1, local_size=1, local_reduce="auto")
+    assert "PS against all-reduce" in markdown([ps, ring], "x", [])
