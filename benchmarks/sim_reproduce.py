@@ -390,7 +390,7 @@ def main(argv=None) -> int:
     md.extend(body)
     page = outdir / "simulator.md"
     md.append(_existing_validation(page) or VALIDATION)
-    page.write_text("\n".join(md) + "\n")
+    page.write_text("\n".join(md).rstrip("\n") + "\n")   # the kept section ends in a newline already
     print(f"wrote {outdir / 'simulator.md'} and 3 plots in {time.time() - t0:.0f} s")
     return 0
 
