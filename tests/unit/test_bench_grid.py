@@ -49,3 +49,35 @@ def test_report_compares_the_local_reduce_with_flat_against_the_bound():
     # 1.6 / 0.9 faster; bound c + M/B = 0.16 + 0.64 s (flat: c + 2 M/B); half the bytes; in force on / off
     assert "| 1600 | 900 | 1.78x | 800 | 1.12x | 1440 |" in line, line
     assert "| 0.50, 0.50 | yes / no |" in line, line
+
+
+def test_restrict_keeps_only_the_named_backend_and_models():
+    """`pushpull bench grid --backends allreduce --models bert_large` re-runs one backend's cells of a
+    config (after that backend changed); the rows keep the config's name, so they replace the old ones."""
+    from pushpull.bench.grid import expand, restrict
+
+    cfg = {"name": "g", "models": ["resnet50", "bert_large"], "strategies": ["bsp", "wfbp"],
+           "backends": ["ps", "allreduce"], "workers": [4], "bandwidths": ["200mbit"]}
+    jobs = expand(restrict(cfg, backends="allreduce", models="bert_large"))
+    assert {(j["backend"], j["model"]) for j in jobs} == {("allreduce", "bert_large")}
+
+
+def test_restrict_names_a_backend_the_config_lacks():
+    from pushpull.bench.grid import restrict
+
+    with pytest.raises(ValueError, match="ring"):
+        restrict({"name": "g", "backends": ["ps", "allreduce"]}, backends="ring")
+
+
+def test_report_pairs_a_rerun_backend_with_older_rows_of_the_other():
+    """A PS row written before local_size/local_reduce existed and an all-reduce row re-run since (which
+    carries them at their defaults) are the same cell: the PS-vs-all-reduce table pairs them."""
+    from pushpull.bench.report import markdown
+
+    cell = {"model": "vgg16", "workers": 4, "servers": 4, "placement": "separate", "bandwidth": "100mbit",
+            "bandwidth_bytes_s": 12.5e6, "ratio": 0.25, "strategy": "wfbp", "base_strategy": "wfbp",
+            "compute_s": 0.16, "grad_bytes": 8e6, "batch_size": 32, "mode": "namespaces", "config": "x",
+            "try_throughput": [1.0], "throughput": 1.0, "size_scale": 1.0, "tensors": 32, "t_comm_s": 0.7}
+    ps = dict(cell, backend="ps", step_s=0.8)
+    ring = dict(cell, backend="allreduce", step_s=1.1, local_size=1, local_reduce="auto")
+    assert "PS against all-reduce" in markdown([ps, ring], "x", [])
