@@ -26,9 +26,10 @@ Five columns of errors:
   one reduction of all the gradient bytes as one buffer equals the measured
   ``t_comm_s`` (TCP goodput, CPU per byte, and the workers' desynchronisation
   when everything is in flight);
-* **rate+message-calibrated**: that rate, plus ``message_s`` = ``t_stream_s``
-  (time per reduction in a stream of small ones: the per-message CPU stage)
-  and the latency an isolated small reduction ``t_small_s`` adds beyond it;
+* **rate+message-calibrated**: that rate, plus the job's own small-reduction
+  probes (``t_small_s`` alone, ``t_stream_s`` per reduction in a stream of
+  16) mapped to ``message_s`` and ``latency`` as the ``auto`` strategy maps
+  its start-up probes (:func:`pushpull.sim.config.per_call_costs`);
 * **+optimizer (probe)**: that, plus the optimizer's own cost on the training
   thread (``SimOptions.update_s``, ``step_call_s``, ``wake_s``) from
   :func:`pushpull.bench.grid.layerwise_probe`, which runs with communication
@@ -102,20 +103,21 @@ def one_buffer_s(row: dict) -> float:
 def calibrated(row: dict, level: str) -> dict:
     """``row`` with the cluster's numbers taken from the probes the job ran before its steps.
 
-    * ``message``: the per-message CPU time is the time per reduction in a stream of small
-      ones (``t_stream_s``: the rate at which a worker gets messages through when the wire
-      is idle); the latency is what an isolated small reduction (``t_small_s``) takes beyond
-      that, split over the simulator's latency terms (PS: push + pull; ring: 2(n-1) steps).
+    * ``message``: :func:`pushpull.sim.config.per_call_costs` of the job's own probes, as the
+      ``auto`` strategy maps its start-up probes (PS: the per-message CPU time is the time per
+      reduction in a stream of small ones, ``t_stream_s``, and the latency what an isolated small
+      reduction, ``t_small_s``, takes beyond that, over a push and a pull; all-reduce, whose
+      backend fuses the stream: half of ``t_small_s`` is one collective's 2(n-1) latencies, the
+      other half rank 0's order message), at least the default 50 µs.
     * ``rate``: the link rate scaled so that the simulator's time for one reduction of all
       the gradient bytes as one buffer equals the measured ``t_comm_s``.
     """
     r = dict(row)
     if level in ("message", "rate+message"):
-        n = int(row["workers"])
-        msg = row.get("t_stream_s") or row["t_small_s"]
-        hops = 2 if row["backend"] == "ps" else 2 * (n - 1)
+        lat, msg = per_call_costs(row["backend"], int(row["workers"]), row["t_small_s"],
+                                  row.get("t_stream_s") or row["t_small_s"])
         r["message_s"] = msg
-        r["latency"] = max(50e-6, (row["t_small_s"] - msg) / hops)
+        r["latency"] = max(50e-6, lat)
     if level in ("rate", "rate+message"):
         bw = float(row["bandwidth"])
         for _ in range(3):   # fixed point: the one-buffer reduction takes the measured t_comm

@@ -175,6 +175,9 @@ SETTINGS: tuple[Setting, ...] = (
       "off, and each machine's ranks share a host name; otherwise the job logs why and stays flat."),
     S("force_distributed", ["BYTEPS_FORCE_DISTRIBUTED"], False, _bool, "0 | 1",
       "Use the servers even with a single worker process (otherwise size()==1 reduces locally)."),
+    S("servers_per_node", [], 1, _int_min(0), "integer >= 0",
+      "Under torchrun with no DMLC_* roles set: servers the local rank 0 of every node starts (the job has "
+      "nodes x this many). 0 starts none, for servers placed by other means."),
     # --- worker data path
     S("partition_bytes", ["BYTEPS_PARTITION_BYTES"], 4096000, _int_min(1024), "integer >= 1024",
       "Tensors larger than this are split into partitions of at most this many bytes."),
@@ -360,6 +363,7 @@ class Config:
     local_size: int | None
     local_reduce: str
     force_distributed: bool
+    servers_per_node: int
     # --- worker data path
     partition_bytes: int
     scheduling_credit: int | None

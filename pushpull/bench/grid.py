@@ -114,6 +114,23 @@ def load_config(path: str | Path) -> dict:
     return cfg
 
 
+def restrict(cfg: dict, backends: str | None = None, models: str | None = None,
+             strategies: str | None = None) -> dict:
+    """``cfg`` with only the named backends, models and strategies (comma-separated; None keeps all). A
+    name the config does not have is an error naming it, so a typo never runs nothing."""
+    out = dict(cfg)
+    for key, want in (("backends", backends), ("models", models), ("strategies", strategies)):
+        if not want:
+            continue
+        have = _list(cfg.get(key), ["ps"] if key == "backends" else [])
+        names = [w.strip() for w in want.split(",") if w.strip()]
+        bad = [w for w in names if w not in have]
+        if bad:
+            raise ValueError(f"--{key}: {bad} not in the config's {key} {have}")
+        out[key] = [h for h in have if h in names]
+    return out
+
+
 def _list(v, default):
     if v is None:
         return list(default)
@@ -708,8 +725,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-jobs", type=int, default=None, help="run at most this many pending jobs")
     p.add_argument("--dry-run", action="store_true", help="list the pending jobs and exit")
     p.add_argument("--no-progress", action="store_true")
+    for what in ("backends", "models", "strategies"):
+        p.add_argument(f"--{what}", help=f"run only these of the config's {what} (comma-separated), e.g. to re-run "
+                                         f"the cells of one backend after it changed; rows keep the config's name")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
+    try:
+        cfg = restrict(cfg, **{w: getattr(args, w) for w in ("backends", "models", "strategies")})
+    except ValueError as ex:
+        p.error(str(ex))
     out = Path(args.out or Path("docs/results") / f"{cfg['name']}.jsonl")
     if args.dry_run:
         done = {cell_key(r) for r in read_rows(out)}

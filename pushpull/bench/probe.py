@@ -14,9 +14,11 @@ the per-call cost; the network's rate and delay are the simulator's to add.
 Run it with the processes per machine the job will have: the emulated cluster puts all of its hosts on
 this machine, so its probe is ``--workers N --servers N`` here. Printed: per backend the two times and
 what they mean for the simulator (:func:`pushpull.sim.config.per_call_costs`, the mapping the ``auto``
-strategy applies to its own start-up probes: the stream's time per reduction is a per-message CPU stage,
-``--message-s``; what one reduction alone takes beyond it is latency, split over a push and a pull or the
-ring's 2(n-1) steps, ``--latency``); ``--out FILE`` appends one JSON line per backend. Beside the all-reduce backend it prints its
+strategy applies to its own start-up probes: over PS the stream's time per reduction is a per-message CPU stage,
+``--message-s``; what one reduction alone takes beyond it is latency, split over a push and a pull,
+``--latency``; over all-reduce the backend fuses the stream into one or two collectives, so only the
+reduction alone counts: an order message and one collective, half of it each, the collective's half over the
+ring's 2(n-1) steps); ``--out FILE`` appends one JSON line per backend. Beside the all-reduce backend it prints its
 peer: gloo's own ``all_reduce`` of the same 4 KB, alone and in a stream of 16, in the same processes (on a
 machine whose cores the ranks share, gloo's own cost is what bounds the backend's, not a 1-float figure).
 """

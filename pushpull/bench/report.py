@@ -23,6 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from pushpull.bench.grid import KEY_DEFAULTS
 from pushpull.cli import help_text
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -38,7 +39,9 @@ def _mean_std(xs):
 
 
 def _gkey(r, drop=()):
-    return tuple(r.get(k) for k in GROUP if k not in drop)
+    """A row's group; a field missing from rows written before it existed reads as what those rows ran
+    with (the grid's KEY_DEFAULTS), so a re-run of one backend's cells pairs with the other's older rows."""
+    return tuple(r.get(k, KEY_DEFAULTS.get(k)) for k in GROUP if k not in drop)
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -50,7 +53,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for key, rs in cells.items():
         tries = [t for r in rs for t in r.get("try_throughput", [r["throughput"]])]
         m, s = _mean_std(tries)
-        out.append({**{k: rs[0].get(k) for k in GROUP}, "strategy": rs[0]["strategy"],
+        out.append({**dict(zip(GROUP, _gkey(rs[0]))), "strategy": rs[0]["strategy"],
                     "step_s": statistics.median(r["step_s"] for r in rs), "thr_mean": m, "thr_std": s,
                     "n_tries": len(tries), "mode": ",".join(sorted({r.get("mode", "?") for r in rs})),
                     "compute_scale": rs[0].get("compute_scale"), "size_scale": rs[0].get("size_scale"),
@@ -176,8 +179,11 @@ def _fmt_bw(b):
 
 
 def _key_label(a: dict, agg: list[dict]) -> str:
-    """' (N KiB keys)' for a PS cell when the rows ran more than one PS key size (a grid axis), else ''."""
-    sizes = {b.get("ps_partition_bytes") for b in agg if b["backend"] == "ps"}
+    """' (N KiB keys)' for a PS cell whose group ran more than one PS key size (a grid axis), else ''
+    (each model's default key size differs with its scale, which is no axis)."""
+    g = _gkey(a, drop=("ps_partition_bytes",))
+    sizes = {b.get("ps_partition_bytes") for b in agg
+             if b["backend"] == "ps" and _gkey(b, drop=("ps_partition_bytes",)) == g}
     if a["backend"] != "ps" or len(sizes) < 2 or not a.get("ps_partition_bytes"):
         return ""
     return f" ({a['ps_partition_bytes'] / 1024:g} KiB keys)"

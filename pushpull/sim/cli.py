@@ -38,6 +38,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--message-s", default="0us",
                    help="per-message CPU time on a worker, overlapping the wire (default 0us; "
                         "`pushpull bench probe` measures it and --latency on a machine before a run)")
+    p.add_argument("--order-message",
+                   help="all-reduce: rank 0's order message per batch, after which the batch's (fused) collectives "
+                        "go (default: 2(n-1) x --latency, a tiny collective's; `pushpull bench probe` measures it)")
     p.add_argument("--colocated", action="store_true", help="servers share the workers' machines (BytePS layout)")
     p.add_argument("--local-size", default="1", help="devices per worker machine, reduced locally (default 1)")
     p.add_argument("--no-local-reduce", action="store_true",
@@ -99,6 +102,7 @@ def _cluster(a, **over) -> ClusterConfig:
         backend=getattr(a, "backend", "ps") or "ps",
         latency=_wrap(parse_duration, a.latency, "--latency"),
         message_s=_wrap(parse_duration, a.message_s, "--message-s"),
+        dispatch_s=_wrap(parse_duration, a.order_message, "--order-message") if a.order_message else None,
         colocated=a.colocated,
         local_size=_int(a.local_size, "--local-size"),
         local_reduce=not a.no_local_reduce,

@@ -69,6 +69,7 @@ class ClusterConfig:
     local_size: int = 1                 # devices per worker machine
     message_s: float = 0.0              # per-message CPU time on a worker (FIFO, overlaps the wire)
     local_reduce: bool = True           # False: each device pushes everything over the machine's NIC
+    dispatch_s: float | None = None     # all-reduce: rank 0's order message per batch; None -> order_message_s()
 
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -97,6 +98,8 @@ class ClusterConfig:
             raise ValueError("local_reduce: local_reduce=False is modelled for the PS backend only")
         if not (self.message_s >= 0) or math.isinf(self.message_s):
             raise ValueError(f"message_s must be a finite number >= 0 s, got {self.message_s!r}")
+        if self.dispatch_s is not None and (not (self.dispatch_s >= 0) or math.isinf(self.dispatch_s)):
+            raise ValueError(f"dispatch_s must be a finite number >= 0 s or None, got {self.dispatch_s!r}")
         if self.colocated and self.servers > self.workers:
             raise ValueError(f"servers: colocated mode puts one server on each of the first "
                              f"{self.workers} worker machines; got servers={self.servers}")
@@ -104,6 +107,15 @@ class ClusterConfig:
     @property
     def replicas(self) -> int:
         return self.workers * self.local_size
+
+    def order_message_s(self) -> float:
+        """All-reduce backend: how long rank 0's dispatcher takes per batch, i.e. per order message (a small
+        broadcast over the control group that every rank waits for before issuing the batch's
+        collectives). ``dispatch_s`` where set; by default the latency the model charges one tiny
+        collective (its 2(n-1) steps): the same gloo machinery over the same ranks."""
+        if self.dispatch_s is not None:
+            return self.dispatch_s
+        return 2 * (self.workers - 1) * self.latency
 
     def alpha_beta(self) -> tuple[float, float]:
         """(alpha, beta) of an unloaded reduction, ``t(bytes) = alpha + beta*bytes``.
@@ -123,20 +135,29 @@ class ClusterConfig:
 
 
 def per_call_costs(backend: str, workers: int, t_small: float, t_stream: float) -> tuple[float, float]:
-    """(latency, message_s) of a ClusterConfig from two timings of tiny reductions: ``t_stream``, the time
-    per reduction in a stream of small ones, is the per-message CPU stage (what a worker gets through when
-    the wire is idle); what one tiny reduction alone (``t_small``) takes beyond it is latency, split over
-    the model's latency terms (PS: a push and a pull; ring: 2(n-1) steps). The ``auto`` strategy maps its
-    start-up probes with this, and the validation the probe a user runs before a job
-    (``pushpull bench probe``)."""
+    """(latency, message_s) of a ClusterConfig from two timings of tiny reductions: ``t_small``, one tiny
+    reduction alone, and ``t_stream``, the time per reduction in a stream of small ones submitted at once.
+    The ``auto`` strategy maps its start-up probes with this, and the validation the probe a user runs
+    before a job (``pushpull bench probe``).
+
+    PS: every reduction is its own push and pull, so the stream's time per reduction is the per-message
+    CPU stage (what a worker gets through when the wire is idle) and what one reduction alone takes beyond
+    it is latency, split over a push and a pull.
+
+    All-reduce: the backend fuses a stream of small reductions into one or two collectives
+    (:mod:`pushpull.policy.collective_fusion`), so the stream's time per reduction is no per-collective
+    cost and is not used; one tiny reduction alone is rank 0's order message and then one collective,
+    which the model prices alike (:meth:`ClusterConfig.order_message_s`), so half of ``t_small`` is one
+    collective's fixed cost, spread over the ring's 2(n-1) latency terms, with no separate CPU stage."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     for name, v in (("t_small", t_small), ("t_stream", t_stream)):
         if not (v >= 0) or math.isinf(v):
             raise ValueError(f"{name} must be a finite number >= 0 s, got {v!r}")
+    if backend == "allreduce":
+        return max(1e-6, t_small / 2 / (2 * max(1, workers - 1))), 0.0
     msg = min(t_stream, t_small)
-    hops = 2 if backend == "ps" else 2 * max(1, workers - 1)
-    return max(1e-6, (t_small - msg) / hops), msg
+    return max(1e-6, (t_small - msg) / 2), msg
 
 
 @dataclass

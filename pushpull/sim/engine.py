@@ -20,6 +20,15 @@ worker's codec (FIFO), then either pushed piece by piece over the PS network
 ``sum_rate`` once all n pushes arrived), and pulled back; or reduced by the
 sequential ring. It is decompressed, its bytes are credited back, and a
 layer whose every byte has come back is updated.
+
+All-reduce as the backend runs it (:mod:`pushpull.torch.allreduce_backend`):
+rank 0's dispatcher admits, in one pass, everything admissible (priority and
+credit) and announces it in one order message
+(:meth:`~pushpull.sim.config.ClusterConfig.order_message_s`); what is
+released meanwhile waits for the next pass. The batch's tasks are grouped
+into collectives by the runtime's own fusion rule
+(:func:`pushpull.policy.collective_fusion.fuse_groups`), and each collective
+takes one per-message CPU stage and one ring reduction of its bytes.
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pushpull.policy.collective_fusion import fuse_groups
 from pushpull.profiles import LayerProfile, Profile
 from pushpull.sim.config import ClusterConfig, Compression, SimOptions
 from pushpull.sim.network import INF, Message, PSNetwork, Ring
@@ -60,6 +70,7 @@ class SimResult:
     n_tasks: int
     layer_update_s: list[float] # per layer, after the start of the backward (-inf: no params)
     iterations: int = 3
+    n_collectives: int = 0      # all-reduce: collectives per iteration after fusion (0 for PS)
     _trace: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -82,6 +93,7 @@ class SimResult:
             "iteration_s": self.iteration_s, "throughput": self.throughput,
             "compute_s": self.compute_s, "exposed_comm_s": self.exposed_comm_s,
             "comm_span_s": self.comm_span_s, "overlap": self.overlap, "n_tasks": self.n_tasks,
+            "n_collectives": self.n_collectives,
         }
 
     def write_trace(self, path: str | Path) -> Path:
@@ -97,13 +109,14 @@ class SimResult:
 
 class _TaskState:
     __slots__ = ("task", "seq", "raw", "payload", "codec", "pieces_left", "acks_left", "holds_credit", "rec",
-                 "layers")
+                 "layers", "dtype")
 
     def __init__(self, task: CommTask, seq: int, raw: int, payload: float, codec: float, layers):
         self.task, self.seq, self.raw, self.payload, self.codec = task, seq, raw, payload, codec
         self.pieces_left = 0
         self.acks_left = 0
         self.holds_credit = False
+        self.dtype = "float32"
         self.rec: dict = {"pieces": []}
         self.layers = layers
 
@@ -123,6 +136,7 @@ class CommPhase:
         self._seq = 0
         self.now = 0.0
         L = len(profile.layers)
+        dtypes = [t.dtype for layer in profile.layers for t in layer.tensors]   # by global tensor index
         self.layer_left = [0] * L
         self.layer_update = [-INF] * L
         for i, b in enumerate(tensor_bytes):
@@ -146,7 +160,10 @@ class CommPhase:
                     codec += b
                 else:
                     payload += b
-            self.states.append(_TaskState(t, j, raw, payload, codec, layers))
+            st = _TaskState(t, j, raw, payload, codec, layers)
+            kinds = {dtypes[ti] for ti, _ in t.parts}
+            st.dtype = kinds.pop() if len(kinds) == 1 else "mixed"   # a mixed buffer fuses with nothing
+            self.states.append(st)
         for ti, (c, b) in enumerate(zip(covered, tensor_bytes)):
             if c != b:
                 raise ValueError(f"strategy {strategy.name}: tensor {ti} has {b} bytes but its tasks "
@@ -168,6 +185,10 @@ class CommPhase:
         else:
             self.net = None
             self.ring = Ring(n, cluster.bandwidth, cluster.latency)
+        self.dispatching = False     # all-reduce: rank 0's dispatcher is in a pass (its order message)
+        self.admitting = False
+        self.to_dispatch: list[_TaskState] = []   # admitted (and compressed), waiting for the next pass
+        self.collectives = 0
 
     # -- event plumbing -------------------------------------------------------
     def at(self, t: float, fn: Callable, *args) -> None:
@@ -206,7 +227,10 @@ class CommPhase:
         self._admit()
 
     def _admit(self) -> None:
+        if self.net is None and self.dispatching:
+            return   # all-reduce: rank 0 admits when its dispatcher comes round for the next batch
         credit = self.disc.credit_bytes
+        self.admitting = True
         while self.queue and (credit is None or self.inflight < credit):
             st = heapq.heappop(self.queue)[-1]
             self.admissions.append((self.now, self.inflight, st.raw))
@@ -215,6 +239,36 @@ class CommPhase:
             st.rec["admit"] = self.now
             st.rec["order"] = len(self.admissions) - 1
             self._compress(st)
+        self.admitting = False
+        if self.net is None:
+            self._dispatch()
+
+    # -- the all-reduce backend's dispatcher -------------------------------------
+    def _dispatch(self) -> None:
+        """Start a pass over what was admitted: one order message, then the batch's collectives."""
+        if self.dispatching or self.admitting or not self.to_dispatch:
+            return
+        batch, self.to_dispatch = self.to_dispatch, []
+        self.dispatching = True
+        for st in batch:
+            st.rec["dispatch"] = self.now
+        self.at(self.now + self.cluster.order_message_s(), self._issue, batch)
+
+    def _issue(self, batch: list[_TaskState]) -> None:
+        """The batch's collectives in admission order, small tasks fused by the runtime's rule."""
+        for g in fuse_groups([(st.raw, st.dtype) for st in batch]):
+            members = [batch[i] for i in g]
+            go = self._message_cpu()
+            s, e = self.ring.reserve(go, sum(st.payload for st in members))
+            self.collectives += 1
+            for st in members:
+                if go > self.now:
+                    st.rec["cpu"] = (go - self.cluster.message_s, go)
+                st.rec["allreduce"] = (s, e)
+                st.rec["fused"] = len(members)
+                self.at(e, self._finish, st)
+        self.dispatching = False
+        self._admit()
 
     # -- codec ------------------------------------------------------------------
     def _codec(self, seconds: float) -> tuple[float, float]:
@@ -268,12 +322,8 @@ class CommPhase:
     def _send(self, st: _TaskState) -> None:
         st.rec["send"] = self.now
         if self.net is None:
-            go = self._message_cpu()
-            if go > self.now:
-                st.rec["cpu"] = (go - self.cluster.message_s, go)
-            s, e = self.ring.reserve(go, st.payload)
-            st.rec["allreduce"] = (s, e)
-            self.at(e, self._finish, st)
+            self.to_dispatch.append(st)
+            self._dispatch()
             return
         cl = self.cluster
         part = self.strategy.ps_key_bytes(cl)
@@ -460,7 +510,7 @@ def simulate(profile: Profile, cluster: ClusterConfig, strategy: "Strategy | str
         replicas=cluster.replicas, bandwidth=cluster.bandwidth, batch_size=prof.batch_size,
         iteration_s=iteration, compute_s=compute, fwd_s=prof.fwd_s, bwd_s=bwd,
         exposed_comm_s=max(0.0, iteration - compute), comm_span_s=span, n_tasks=len(tasks),
-        layer_update_s=list(upd), iterations=options.iterations,
+        layer_update_s=list(upd), iterations=options.iterations, n_collectives=phase.collectives,
     )
     if options.trace:
         res._trace = {"profile": prof, "phase": phase, "fwd_start": fwd_start, "fwd_dur": fwd_dur,

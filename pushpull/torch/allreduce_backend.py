@@ -30,7 +30,8 @@ rank's own arrivals. As in ByteScheduler, rank 0 decides and the others follow:
 * Tensor fusion: the batch's partitions (up to ``FUSE_PART_BYTES`` each),
   consecutive and of one dtype, are copied into one buffer of at most
   ``FUSE_BYTES`` and reduced by one collective (:func:`fuse_groups`, computed
-  from rank 0's message alone, so every rank groups alike); a larger
+  from rank 0's message alone, so every rank groups alike; the rule is
+  :mod:`pushpull.policy.collective_fusion`, which the simulator applies too); a larger
   partition is reduced in place. A collective has a fixed cost (a chain of
   messages through every rank) that dwarfs copying at memory speed, so a
   stream of small tensors, a backward pass over hundreds of them, pays it
@@ -67,6 +68,7 @@ import torch
 import torch.distributed as dist
 
 from pushpull import dtypes
+from pushpull.policy import collective_fusion
 from pushpull.worker.credit_queue import CreditQueue
 from pushpull.worker.handle import Handle, PushPullError
 
@@ -75,47 +77,22 @@ log = logging.getLogger(__name__)
 SLOTS = 128          # partitions per control message (a longer batch takes several messages)
 FIELDS = 5           # id, offset, numel, total numel, dtype code
 STOP = -1
-# Tensor fusion (as Horovod's): the partitions of one admitted batch are copied into one buffer and
-# reduced by one collective. A collective's fixed cost (gloo: a chain of messages through every rank, ~0.3
-# ms between 2 processes, ~4 ms for 4 processes on 2 cores) dwarfs copying at memory speed, so a backward
-# pass over hundreds of gradients pays it about once per batch instead of once per tensor (ResNet-50's
-# 161, 32 MB, 4 ranks on 2 cores, WFBP: 650 ms per step unfused, 400 ms fusing up to 64 KiB partitions,
-# 154 ms with these limits). Partitions up to FUSE_PART_BYTES take part (a larger one is reduced in place,
-# without the copies), a fused buffer holds at most FUSE_BYTES (the extra memory per collective in flight),
-# and only consecutive partitions of one dtype fuse, so rank 0's order is kept.
-FUSE_PART_BYTES = 4 * 1024 * 1024
-FUSE_BYTES = 16 * 1024 * 1024
+# Tensor fusion (as Horovod's): the rule and its limits are pushpull.policy.collective_fusion's, which the
+# simulator's ring applies to the same batches (why it pays, and the measured effect, are there).
+FUSE_PART_BYTES = collective_fusion.PART_BYTES
+FUSE_BYTES = collective_fusion.MAX_BYTES
 # the dtypes it reduces (those a push_pull carries) and the id ranks compare at first use (pushpull.dtypes)
 _DTYPE_CODE = {t: d.header for t, d in dtypes.torch_table().items() if d.header is not None}
 _CODE_DTYPE = {c: t for t, c in _DTYPE_CODE.items()}
 
 
 def fuse_groups(items: list, part_bytes: int | None = None, max_bytes: int | None = None) -> list[list[int]]:
-    """Indices of ``items`` ((numel, itemsize, dtype code) each, in rank 0's order) grouped into collectives:
-    runs of consecutive small partitions of one dtype, at most ``max_bytes`` each; every other partition
-    alone. Computed from rank 0's message only, so every rank groups alike."""
-    part_bytes = FUSE_PART_BYTES if part_bytes is None else part_bytes
-    max_bytes = FUSE_BYTES if max_bytes is None else max_bytes
-    groups: list[list[int]] = []
-    run: list[int] = []
-    run_bytes, run_code = 0, None
-    for i, (n, itemsize, code) in enumerate(items):
-        nb = n * itemsize
-        if nb > part_bytes:
-            if run:
-                groups.append(run)
-                run, run_bytes = [], 0
-            groups.append([i])
-            continue
-        if run and (code != run_code or run_bytes + nb > max_bytes):
-            groups.append(run)
-            run, run_bytes = [], 0
-        run.append(i)
-        run_bytes += nb
-        run_code = code
-    if run:
-        groups.append(run)
-    return groups
+    """Indices of ``items`` ((numel, itemsize, dtype code) each, in rank 0's order) grouped into collectives
+    by :func:`pushpull.policy.collective_fusion.fuse_groups`. Computed from rank 0's message only, so every
+    rank groups alike."""
+    return collective_fusion.fuse_groups([(n * itemsize, code) for n, itemsize, code in items],
+                                         FUSE_PART_BYTES if part_bytes is None else part_bytes,
+                                         FUSE_BYTES if max_bytes is None else max_bytes)
 
 
 def tensor_id(name: str) -> int:

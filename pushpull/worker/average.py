@@ -45,12 +45,12 @@ class Averager:
             np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
         return None
 
-    def scale(self, dst: np.ndarray, dtype: torch.dtype, average: bool) -> None:
-        """A decompressed partition, in place (by 1/size)."""
+    def scale(self, dst: np.ndarray, dtype: torch.dtype, average: bool, inv: float | None = None) -> None:
+        """A decompressed partition, in place (by ``inv``: 1/size, or 1/pushes summed with backup workers)."""
         npdt = NP_FLOAT.get(dtype) if average and self.size > 1 else None
         if npdt is not None:
             typed = dst.view(npdt)
-            np.multiply(typed, self.inv, out=typed)
+            np.multiply(typed, self.inv if inv is None else inv, out=typed)
 
     def finish(self, out: torch.Tensor, average: bool, counts: list | None = None) -> None:
         """Average what was not averaged on arrival (dtypes NumPy cannot scale in place); integers are

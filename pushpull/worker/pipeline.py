@@ -256,9 +256,9 @@ class Pipeline:
 
                 def decompressed(fut) -> None:
                     self.van.call_soon(lambda: self._pulled_compressed(op, p, fut, len(buf), gen))
-                self.pool.submit(self.decompress, op, p, buf, msg).add_done_callback(decompressed)
+                self.pool.submit(self.decompress, op, p, buf, inv, msg).add_done_callback(decompressed)
                 return
-            self.decompress(op, p, buf)
+            self.decompress(op, p, buf, inv)
         else:
             error = self.avg.copy_sum(op.entry, p, buf, op.out_bytes[p.offset:p.offset + p.nbytes], op.average,
                                       inv)
@@ -270,12 +270,12 @@ class Pipeline:
             self.kv.admit()
 
     # ------------------------------------------------------------ decompress --
-    def decompress(self, op: Op, p: Partition, buf, _keepalive=None) -> None:
-        """A compressed sum into the output (averaging floats on the way); ``_keepalive``: the message that
-        owns ``buf`` while a pool thread reads it."""
+    def decompress(self, op: Op, p: Partition, buf, inv: float | None = None, _keepalive=None) -> None:
+        """A compressed sum into the output (averaging floats on the way, times ``inv``: 1/size, or 1/pushes
+        summed with backup workers); ``_keepalive``: the message that owns ``buf`` while a pool thread reads it."""
         dst = op.out_bytes[p.offset:p.offset + p.nbytes]
         p.codec.decompress_into(buf, dst)
-        self.avg.scale(dst, op.entry.dtype, op.average)
+        self.avg.scale(dst, op.entry.dtype, op.average, inv)
 
     def _pulled_compressed(self, op: Op, p: Partition, fut, nbytes: int, gen: int) -> None:
         if op.finished or self.kv.inflight.get(p.key) is not op or gen != self.kv.gen:

@@ -76,3 +76,48 @@ def test_report_keeps_ps_key_sizes_apart_and_compares_each_with_the_ring():
     text = markdown(rows, "x", [])
     assert "| bsp (64 KiB keys) | 950 |" in text and "| bsp (32 KiB keys) | 900 |" in text
     assert "| 1.42x |" in text and "| 1.50x |" in text  # each key size against the same ring cell
+
+
+def test_restrict_keeps_only_the_named_backend_and_models():
+    """`pushpull bench grid --backends allreduce --models bert_large` re-runs one backend's cells of a
+    config (after that backend changed); the rows keep the config's name, so they replace the old ones."""
+    from pushpull.bench.grid import expand, restrict
+
+    cfg = {"name": "g", "models": ["resnet50", "bert_large"], "strategies": ["bsp", "wfbp"],
+           "backends": ["ps", "allreduce"], "workers": [4], "bandwidths": ["200mbit"]}
+    jobs = expand(restrict(cfg, backends="allreduce", models="bert_large"))
+    assert {(j["backend"], j["model"]) for j in jobs} == {("allreduce", "bert_large")}
+
+
+def test_restrict_names_a_backend_the_config_lacks():
+    from pushpull.bench.grid import restrict
+
+    with pytest.raises(ValueError, match="ring"):
+        restrict({"name": "g", "backends": ["ps", "allreduce"]}, backends="ring")
+
+
+def test_report_pairs_a_rerun_backend_with_older_rows_of_the_other():
+    """A PS row written before local_size/local_reduce existed and an all-reduce row re-run since (which
+    carries them at their defaults) are the same cell: the PS-vs-all-reduce table pairs them."""
+    from pushpull.bench.report import markdown
+
+    cell = {"model": "vgg16", "workers": 4, "servers": 4, "placement": "separate", "bandwidth": "100mbit",
+            "bandwidth_bytes_s": 12.5e6, "ratio": 0.25, "strategy": "wfbp", "base_strategy": "wfbp",
+            "compute_s": 0.16, "grad_bytes": 8e6, "batch_size": 32, "mode": "namespaces", "config": "x",
+            "try_throughput": [1.0], "throughput": 1.0, "size_scale": 1.0, "tensors": 32, "t_comm_s": 0.7}
+    ps = dict(cell, backend="ps", step_s=0.8)
+    ring = dict(cell, backend="allreduce", step_s=1.1, local_size=1, local_reduce="auto")
+    assert "PS against all-reduce" in markdown([ps, ring], "x", [])
+
+
+def test_report_labels_no_key_size_where_only_the_models_differ():
+    """Each model's default key size differs with its scale; that is no axis, so no label."""
+    from pushpull.bench.report import markdown
+
+    base = {"backend": "ps", "workers": 4, "servers": 4, "placement": "colocated", "bandwidth": "200mbit",
+            "bandwidth_bytes_s": 25e6, "ratio": 1.0, "strategy": "wfbp", "compute_s": 0.3, "grad_bytes": 8e6,
+            "t_comm_s": 1.0, "try_throughput": [1.0], "throughput": 1.0, "mode": "namespaces", "grad_mb": 8,
+            "steps": 3, "try_step_s": [1.0], "step_s": 0.7}
+    text = markdown([dict(base, model="vgg16", ps_partition_bytes=65536),
+                     dict(base, model="resnet50", ps_partition_bytes=320538)], "x", [])
+    assert "KiB keys" not in text

@@ -140,3 +140,22 @@ def test_pushpull_role_starts_the_role_as_dmlc_role_does(capsys, monkeypatch):
         in capsys.readouterr().err
     assert not torchrun.wanted({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2",
                                 "PUSHPULL_ROLE": "worker"})
+
+
+def test_servers_per_node_default_under_torchrun():
+    from pushpull.launch import torchrun
+
+    assert torchrun._servers_per_node({}) == 1
+
+
+def test_servers_per_node_read_from_the_table():
+    from pushpull.launch import torchrun
+
+    assert torchrun._servers_per_node({"PUSHPULL_SERVERS_PER_NODE": "3"}) == 3
+
+
+def test_servers_per_node_bad_value_names_the_variable():
+    from pushpull.launch import torchrun
+
+    with pytest.raises(ConfigError, match=r"PUSHPULL_SERVERS_PER_NODE='two' is invalid.*accepts integer >= 0"):
+        torchrun._servers_per_node({"PUSHPULL_SERVERS_PER_NODE": "two"})

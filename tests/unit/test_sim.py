@@ -362,21 +362,34 @@ def test_sim_cli_message_s_reaches_the_cluster(profile_path, capsys):
     assert charged["comm_span_s"] - free["comm_span_s"] == pytest.approx(0.010)
 
 
-def test_per_call_costs_stream_is_the_stage_the_rest_latency():
-    """A user's (or the auto strategy's) two timings of tiny reductions -> the cluster's per-message
+def test_per_call_costs_ps_stream_is_the_stage_the_rest_latency():
+    """A user's (or the auto strategy's) two timings of tiny reductions -> the PS cluster's per-message
     stage and latency: the stream's time per reduction is the stage; what one alone takes beyond it is
-    latency, over a push and a pull (PS) or the ring's 2(n-1) steps."""
+    latency, over a push and a pull."""
     from pushpull.sim.config import per_call_costs
 
     assert per_call_costs("ps", 4, 2e-3, 5e-4) == pytest.approx((0.75e-3, 5e-4))
-    assert per_call_costs("allreduce", 4, 2e-3, 5e-4) == pytest.approx((0.25e-3, 5e-4))
 
 
-def test_per_call_costs_a_stream_slower_than_one_call_is_all_stage():
+def test_per_call_costs_allreduce_one_call_is_an_order_message_and_a_collective():
+    """All-reduce fuses a stream of tiny reductions, so the stream says nothing per collective: one
+    reduction alone is rank 0's order message and one collective, priced alike, each 2(n-1) latencies."""
     from pushpull.sim.config import per_call_costs
 
-    lat, msg = per_call_costs("allreduce", 8, 1e-3, 3e-3)
+    assert per_call_costs("allreduce", 4, 6e-3, 5e-4) == pytest.approx((0.5e-3, 0.0))
+    assert per_call_costs("allreduce", 4, 6e-3, 9e-3) == pytest.approx((0.5e-3, 0.0))
+
+
+def test_per_call_costs_a_ps_stream_slower_than_one_call_is_all_stage():
+    from pushpull.sim.config import per_call_costs
+
+    lat, msg = per_call_costs("ps", 8, 1e-3, 3e-3)
     assert msg == pytest.approx(1e-3) and lat == pytest.approx(1e-6)
+
+
+def test_per_call_costs_rejects_a_nan_timing():
+    from pushpull.sim.config import per_call_costs
+
     with pytest.raises(ValueError, match="t_small"):
         per_call_costs("ps", 4, float("nan"), 1e-3)
 
@@ -478,13 +491,15 @@ def test_profile_is_not_mutated():
 
 @pytest.mark.parametrize("backend", ["ps", "allreduce"])
 def test_message_cost_is_a_pipelined_stage(backend):
-    # 200 tiny tensors: the per-message stage is the bottleneck, 200 * message_s;
-    # one big tensor: the stage overlaps nothing but its own start, so it adds message_s once
+    # 200 tiny tensors: the per-message stage is the bottleneck, 200 * message_s over PS; the all-reduce
+    # backend fuses them (the first alone, the 199 released during its order message in one collective),
+    # so it pays the stage twice; one big tensor: the stage overlaps nothing but its own start, so it
+    # adds message_s once
     msg = 1e-3
     cl = dict(workers=4, servers=4, bandwidth=B, latency=0.0, backend=backend)
     tiny = synthetic_profile([16] * 200)
     r = simulate(tiny, ClusterConfig(**cl, message_s=msg), "wfbp")
-    assert r.iteration_s == pytest.approx(200 * msg, rel=0.01)
+    assert r.iteration_s == pytest.approx((200 if backend == "ps" else 2) * msg, rel=0.01)
     big = synthetic_profile([25_000_000])
     plain = simulate(big, ClusterConfig(**cl, ps_partition_bytes=10**9), "bsp").iteration_s
     with_msg = simulate(big, ClusterConfig(**cl, message_s=msg, ps_partition_bytes=10**9), "bsp").iteration_s

@@ -268,3 +268,22 @@ def test_the_caller_sees_the_error_as_pushpullerror():
     hw.pump()
     with pytest.raises(PushPullError, match="answered 4 bytes"):
         op.handle.wait(1.0)
+
+
+def test_compressed_backup_round_is_averaged_over_the_pushes_it_holds():
+    hw = Harness(size=4)
+    x = torch.full((2,), 6.0)
+    e = hw.table.entry("t", (2,), torch.float32, {"compressor": "fp16"}, PLAIN, hw.cfg)
+    out = torch.empty_like(x)
+    op = Op(Handle("t", out), e, raw_bytes(x), out, raw_bytes(out), True, 0)
+    e.busy = True
+    hw.van.call_soon(lambda: hw.pipeline.start(op))
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    resp = hw.held[0]
+    resp.header.flags |= Flags.COMPRESSED
+    resp.header.extra = backup_extra(3, 0)  # the server summed three pushes, not four
+    codec = e.parts[0].codec
+    resp.frames = [bytes(memoryview(codec.compress(raw_bytes(torch.full((2,), 18.0)))).cast("B"))]
+    hw.deliver(resp)
+    hw.pump()
+    assert op.handle.error is None and torch.equal(op.out, x)

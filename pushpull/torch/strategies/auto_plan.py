@@ -67,10 +67,11 @@ def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_pr
                 ps_partition_bytes: int = DEFAULTS.partition_bytes) -> ClusterConfig:
     """A cluster on which the simulator times the three probes as they were measured.
 
-    ``message_s`` is the time per reduction in a stream of small ones (what a worker gets through when
-    the wire is idle); the latency is what one tiny reduction takes beyond that, split over the model's
-    latency terms (PS: push + pull; ring: 2(n-1) steps); the bandwidth is found by bisection so that one
-    reduction of ``probe_bytes`` takes ``t_probe``."""
+    ``message_s`` and the latency are :func:`pushpull.sim.config.per_call_costs` of the two small probes (PS:
+    the stream's time per reduction, and what one tiny reduction takes beyond it over a push and a pull;
+    all-reduce, whose backend fuses the stream: half of one tiny reduction is rank 0's order message, half
+    one collective's 2(n-1) latencies); the bandwidth is found by bisection so that one reduction of
+    ``probe_bytes`` (order message included) takes ``t_probe``."""
     lat, msg = per_call_costs(backend, workers, max(0.0, t_small), max(0.0, t_stream))
     colocated = bool(colocated and servers <= workers)
 
