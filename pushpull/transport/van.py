@@ -290,7 +290,13 @@ class Van:
                 pass  # shutting down
 
     def _post(self, sid: str, identity: bytes | None, parts: list) -> None:
-        """On the I/O thread: hold a small message for its peer's batch, or send now."""
+        """On the I/O thread: hold a small message for its peer's batch, or send now. An identity with a
+        direct lane is written at once: a lane carries one blocking call at a time, so nothing would
+        join its batch, and its caller is waiting."""
+        if identity is not None and self._lanes:
+            lane = self._lanes.get(sid)
+            if lane is not None and lane.send(identity, parts):
+                return
         dest = (sid, identity)
         if self.batch_bytes and len(parts) <= 2:
             size = memoryview(parts[1]).nbytes if len(parts) == 2 else 0
