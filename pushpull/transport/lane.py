@@ -113,8 +113,8 @@ def _framed(parts) -> tuple[list, int]:
 
 
 class Reader:
-    """Reassembles lane messages from a byte stream; each comes out as a list of frames (memoryviews of
-    one bytes object of its own)."""
+    """Reassembles lane messages from a byte stream; each comes out as a list of frames (memoryviews of a
+    bytes object no later read changes: the read's copy, or, for a message that spanned reads, its own)."""
 
     def __init__(self, max_message: int):
         self.max_message = max_message
@@ -135,14 +135,17 @@ class Reader:
                 raise LaneError(f"a message of {total} bytes (limit {self.max_message})")
             if end - off - 4 < total:
                 break
-            body = buf[off + 4:off + 4 + total] if buf.__class__ is bytes else bytes(buf[off + 4:off + 4 + total])
+            if buf.__class__ is bytes:  # the read's own copy: its frames are views of it
+                body, i, stop = buf, off + 4, off + 4 + total
+            else:  # the buffer changes with the next read: the message gets a copy of its own
+                body, i, stop = bytes(buf[off + 4:off + 4 + total]), 0, total
             off += 4 + total
-            view, frames, i = memoryview(body), [], 0
-            while i < total:
-                if i + 4 > total:
+            view, frames = memoryview(body), []
+            while i < stop:
+                if i + 4 > stop:
                     raise LaneError("a frame length cut short")
                 (n,) = _U32.unpack_from(body, i)
-                if i + 4 + n > total:
+                if i + 4 + n > stop:
                     raise LaneError(f"a frame of {n} bytes runs past its message")
                 frames.append(view[i + 4:i + 4 + n])
                 i += 4 + n

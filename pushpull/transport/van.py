@@ -104,6 +104,7 @@ class Van:
         self._timers: list[tuple[float, int, float, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self._thread_id: int | None = None  # its get_ident(): cheaper to compare than current_thread()
         self._running = False
         self._stopped = threading.Event()
 
@@ -239,7 +240,7 @@ class Van:
         Frames must stay unchanged until delivered; pyzmq keeps them alive.
         """
         parts = [header.pack(), *frames]
-        if self._thread is not None and threading.current_thread() is self._thread:
+        if threading.get_ident() == self._thread_id:
             self._post(sid, identity, parts)
         else:
             self._outbox.append((sid, identity, parts))
@@ -402,6 +403,7 @@ class Van:
         return events
 
     def _loop(self) -> None:
+        self._thread_id = threading.get_ident()
         quiet_at = -1  # _zmq_ops as of the last zmq_poll (-1: make the next wait a zmq_poll)
         try:
             while self._running:
