@@ -16,8 +16,8 @@ sends what is held for its peer.
 A ROUTER can have a direct lane beside it (:meth:`Van.bind_lane`,
 :mod:`pushpull.transport.lane`): plain sockets polled in the same loop, whose
 messages reach the ROUTER's handler and whose identities' answers go back on
-them. While only lanes are busy, the loop waits with one poll() instead of
-zmq_poll (:meth:`Van._quiet_wait`).
+them (at once, never held for a batch). While only lanes are busy, the loop
+waits with one poll() instead of zmq_poll (:meth:`Van._quiet_wait`).
 """
 from __future__ import annotations
 
