@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pushpull.server.reduce import WIRE_NP, Accumulator, Concat
-from pushpull.transport.protocol import describe_sig
+from pushpull.transport.protocol import describe_sig, dtype_code
 
 
 class RoundError(ValueError):
@@ -89,6 +89,7 @@ class KeyState:
     op: str = "sum"  # sum | min | max | product | concat
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
     wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
+    code: int = field(init=False)  # the dtype's header code (a push's is compared with it)
     joined: set = field(default_factory=set)  # ranks that called join(): the server's set, shared
     backup: int = 0  # backup workers: a round completes with the first num_workers - backup pushes
     completed: int = 0  # backup keys: the highest round completed (told to pullers, so a late one catches up)
@@ -101,6 +102,7 @@ class KeyState:
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
+        self.code = dtype_code(self.dtype)
 
     def use_backup(self, backup: int, depth: int) -> None:
         """Make this a backup-workers key: ``backup`` pushes per round may be missing, ``depth`` rounds kept."""
@@ -211,6 +213,8 @@ class KeyState:
             return False
         if self.writers is not None:
             return self.covers(slot.pushed)
+        if not self.joined:
+            return len(slot.pushed) >= self.num_workers - self.backup
         return len(slot.pushed | self.joined) >= self.num_workers - self.backup
 
     def _complete(self, slot: Slot) -> None:

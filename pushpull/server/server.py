@@ -40,7 +40,9 @@ SOCK = "workers"
 # another thread and waking it costs more than adding a few thousand numbers
 INLINE_KEY_BYTES = 65536
 _SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
-_FROM_WORKERS = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.STATUS, *_SPARSE)
+_FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, *_SPARSE)
+_PUSH_PULL = (MsgType.PUSH, MsgType.PULL)
+RANK_CACHE = 4096  # connection identities whose rank is remembered (the cache starts over beyond)
 
 
 def scheduled(items: list, q: queue.SimpleQueue) -> tuple[list, bool]:
@@ -89,6 +91,7 @@ class Server:
         self.joined: set[int] = set()  # ranks that called join() (shared with every KeyState)
         self.rank_now: dict[int, int] | None = None  # a connection's first rank -> its rank now (after a RESET)
         self._early: list[tuple[bytes, Msg]] = []  # worker messages that beat our address book
+        self._identity_rank: dict[bytes, int | None] = {}  # nodes.rank_of_identity's answers (a regex each)
         self.keys: dict[int, KeyState] = {}
         self.pending_inits: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req)}}
         self.num_workers = 0
@@ -204,7 +207,11 @@ class Server:
             if h.type in _FROM_WORKERS:
                 if h.gen != self.gen:  # sent before the workers changed: its round no longer exists
                     return
-                rank = nodes.rank_of_identity(identity)
+                rank = self._identity_rank.get(identity, -1)
+                if rank == -1:
+                    if len(self._identity_rank) >= RANK_CACHE:
+                        self._identity_rank.clear()
+                    rank = self._identity_rank[identity] = nodes.rank_of_identity(identity)
                 if self.rank_now is not None and rank is not None:
                     rank = self.rank_now.get(rank)  # None: a lost worker's connection
                 if rank is None or rank != h.sender or not 0 <= rank < self.num_workers:
@@ -214,13 +221,7 @@ class Server:
                                                  f"{'rank ' + str(rank) if rank is not None else 'no worker'} "
                                                  f"claims to be rank {h.sender}; refused", h.req_id)
                     return
-            if h.type == MsgType.STATUS:
-                self._status(identity, h)
-            elif h.type == MsgType.INIT:
-                self._init(identity, msg)
-            elif h.type in _SPARSE:
-                self.sparse.handle(identity, msg)
-            elif h.type in (MsgType.PUSH, MsgType.PULL):
+            if h.type in _PUSH_PULL:  # the usual message first
                 if self.trace is not None:
                     msg.t_arrival = time.perf_counter()
                 ks = self.keys.get(h.key)
@@ -232,6 +233,12 @@ class Server:
                     self._hand_off(h.key % len(self.engines), (identity, msg, ks))
                 else:  # no hand-off: sum here (zmq's own thread keeps receiving meanwhile)
                     self._serve(identity, msg, ks)
+            elif h.type == MsgType.STATUS:
+                self._status(identity, h)
+            elif h.type == MsgType.INIT:
+                self._init(identity, msg)
+            elif h.type in _SPARSE:
+                self.sparse.handle(identity, msg)
             else:
                 self._error(identity, h.key, f"a server does not handle {h.type.name}", h.req_id)
         except ProtocolError as e:
@@ -469,7 +476,7 @@ class Server:
                 raise ProtocolError(f"tensor {ks.name!r}: compressed push but no compression was declared")
             ks.codec.lr = bits_f32(h.extra)  # the workers' learning rate, for the sum's error feedback
             return ks.codec.decompress_push(h.sender, buf)
-        if h.numel != ks.numel or dtype_name(h.dtype) != ks.dtype:
+        if h.numel != ks.numel or h.dtype != ks.code:
             raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {dtype_name(h.dtype)}[{h.numel}], "
                                 f"the tensor is {ks.dtype}[{ks.numel}]")
         want = ks.wire_nbytes

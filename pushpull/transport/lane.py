@@ -95,6 +95,11 @@ def _proof(key: bytes, label: bytes, snonce: bytes, cnonce: bytes, identity: byt
 
 def frame(parts) -> list:
     """The buffers of one lane message carrying ``parts`` (bytes-like, or zmq.Frame), for ``sendmsg``."""
+    return _framed(parts)[0]
+
+
+def _framed(parts) -> tuple[list, int]:
+    """:func:`frame`'s buffers and their bytes in all."""
     out = [b""]
     total = 0
     for p in parts:
@@ -104,12 +109,12 @@ def frame(parts) -> list:
         out.append(view)
         total += 4 + n
     out[0] = _U32.pack(total)
-    return out
+    return out, total + 4
 
 
 class Reader:
-    """Reassembles lane messages from a byte stream; each comes out as a list of frames (memoryviews of
-    one bytes object of its own)."""
+    """Reassembles lane messages from a byte stream; each comes out as a list of frames (memoryviews of a
+    bytes object no later read changes: the read's copy, or, for a message that spanned reads, its own)."""
 
     def __init__(self, max_message: int):
         self.max_message = max_message
@@ -130,14 +135,17 @@ class Reader:
                 raise LaneError(f"a message of {total} bytes (limit {self.max_message})")
             if end - off - 4 < total:
                 break
-            body = buf[off + 4:off + 4 + total] if buf.__class__ is bytes else bytes(buf[off + 4:off + 4 + total])
+            if buf.__class__ is bytes:  # the read's own copy: its frames are views of it
+                body, i, stop = buf, off + 4, off + 4 + total
+            else:  # the buffer changes with the next read: the message gets a copy of its own
+                body, i, stop = bytes(buf[off + 4:off + 4 + total]), 0, total
             off += 4 + total
-            view, frames, i = memoryview(body), [], 0
-            while i < total:
-                if i + 4 > total:
+            view, frames = memoryview(body), []
+            while i < stop:
+                if i + 4 > stop:
                     raise LaneError("a frame length cut short")
                 (n,) = _U32.unpack_from(body, i)
-                if i + 4 + n > total:
+                if i + 4 + n > stop:
                     raise LaneError(f"a frame of {n} bytes runs past its message")
                 frames.append(view[i + 4:i + 4 + n])
                 i += 4 + n
@@ -160,8 +168,12 @@ def _drop_sent(bufs: list, sent: int) -> None:
         bufs[0] = memoryview(bufs[0])[sent:]
 
 
-def _send_all(sock: socket.socket, bufs: list) -> None:
-    """Blocking ``sendmsg`` of every byte of ``bufs`` (bounded by the socket's timeout)."""
+def _send_all(sock: socket.socket, bufs: list, nbytes: int) -> None:
+    """Blocking ``sendmsg`` of the ``nbytes`` bytes of ``bufs`` (bounded by the socket's timeout)."""
+    sent = sock.sendmsg(bufs)
+    if sent == nbytes:  # the usual case: the kernel took the whole message at once
+        return
+    _drop_sent(bufs, sent)
     while bufs:
         _drop_sent(bufs, sock.sendmsg(bufs))
 
@@ -187,7 +199,7 @@ class LaneClient:
             if len(hello) != 2 or bytes(hello[0]) != MAGIC or len(hello[1]) != NONCE_BYTES:
                 raise LaneError("the server's greeting is not a pushpull lane's")
             snonce, cnonce = bytes(hello[1]), os.urandom(NONCE_BYTES)
-            _send_all(self.sock, frame([MAGIC, identity, cnonce, _proof(key, b"client", snonce, cnonce, identity)]))
+            _send_all(self.sock, *_framed([MAGIC, identity, cnonce, _proof(key, b"client", snonce, cnonce, identity)]))
             ok = self._expect(deadline, "its answer to our credentials (another job's secret?)")
             want = _proof(key, b"server", snonce, cnonce, identity)
             if len(ok) != 2 or bytes(ok[0]) != MAGIC or not hmac.compare_digest(bytes(ok[1]), want):
@@ -210,7 +222,7 @@ class LaneClient:
                 raise LaneError(f"gave up waiting for {what}: {reason}")
 
     def send(self, parts) -> None:
-        _send_all(self.sock, frame(parts))
+        _send_all(self.sock, *_framed(parts))
 
     def recv(self):
         """The next message's frames, or None when the socket's timeout passed first (a part of a message
@@ -334,7 +346,7 @@ class LaneServer:
             c = _Conn(sock, os.urandom(NONCE_BYTES))
             self.conns[c.fd] = c
             self.watch(c.fd, READ)
-            self._write(c, frame([MAGIC, c.snonce]))
+            self._write(c, *_framed([MAGIC, c.snonce]))
 
     def _read(self, c: _Conn) -> None:
         try:
@@ -375,7 +387,7 @@ class LaneServer:
         c.identity = identity
         c.reader.max_message = self.max_message
         self.by_identity[identity] = c
-        self._write(c, frame([MAGIC, _proof(self.key, b"server", c.snonce, cnonce, identity)]))
+        self._write(c, *_framed([MAGIC, _proof(self.key, b"server", c.snonce, cnonce, identity)]))
         return True
 
     def send(self, identity: bytes, parts) -> bool:
@@ -383,10 +395,11 @@ class LaneServer:
         c = self.by_identity.get(identity)
         if c is None:
             return False
-        self._write(c, frame(parts))
+        self._write(c, *_framed(parts))
         return True
 
-    def _write(self, c: _Conn, bufs: list) -> None:
+    def _write(self, c: _Conn, bufs: list, nbytes: int) -> None:
+        """Write the ``nbytes`` bytes of ``bufs`` to ``c``, or what the kernel does not take now later."""
         if not c.out:
             try:
                 sent = c.sock.sendmsg(bufs)
@@ -394,6 +407,8 @@ class LaneServer:
                 sent = 0
             except OSError as e:
                 self.drop(c, f"write failed: {e}")
+                return
+            if sent == nbytes:
                 return
             _drop_sent(bufs, sent)
             if not bufs:

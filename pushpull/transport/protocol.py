@@ -22,7 +22,8 @@ VERSION = 7  # 7: INIT and ASSIGN writers (the ranks that push a key: one per ma
 # magic, version, type, dtype, flags, sender, key, round, numel, nbytes, req_id, extra, gen
 # gen: the membership generation (elastic training): a message from before a change of workers is stale
 _FMT = "<HBBBBiQqQQIII"
-HEADER_SIZE = struct.calcsize(_FMT)
+_HDR = struct.Struct(_FMT)  # compiled once: every message packs or unpacks one
+HEADER_SIZE = _HDR.size
 
 
 class MsgType(enum.IntEnum):
@@ -135,7 +136,7 @@ def dtype_name(code: int) -> str:
         raise ProtocolError(f"unknown dtype code {code}") from None
 
 
-@dataclass
+@dataclass(slots=True)  # slots: no per-header dict, for a message's worth of microseconds
 class Header:
     type: int
     sender: int = -1
@@ -150,14 +151,14 @@ class Header:
     gen: int = 0
 
     def pack(self) -> bytes:
-        return struct.pack(_FMT, MAGIC, VERSION, self.type, self.dtype, self.flags, self.sender,
-                           self.key, self.round, self.numel, self.nbytes, self.req_id, self.extra, self.gen)
+        return _HDR.pack(MAGIC, VERSION, self.type, self.dtype, self.flags, self.sender,
+                         self.key, self.round, self.numel, self.nbytes, self.req_id, self.extra, self.gen)
 
     @classmethod
     def unpack(cls, buf) -> "Header":
         if len(buf) != HEADER_SIZE:
             raise ProtocolError(f"header is {len(buf)} bytes, expected {HEADER_SIZE}")
-        magic, ver, typ, dt, flags, sender, key, rnd, numel, nbytes, req_id, extra, gen = struct.unpack(_FMT, buf)
+        magic, ver, typ, dt, flags, sender, key, rnd, numel, nbytes, req_id, extra, gen = _HDR.unpack(buf)
         if magic != MAGIC:
             raise ProtocolError(f"bad magic 0x{magic:04x}")
         if ver != VERSION:

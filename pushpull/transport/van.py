@@ -16,8 +16,8 @@ sends what is held for its peer.
 A ROUTER can have a direct lane beside it (:meth:`Van.bind_lane`,
 :mod:`pushpull.transport.lane`): plain sockets polled in the same loop, whose
 messages reach the ROUTER's handler and whose identities' answers go back on
-them. While only lanes are busy, the loop waits with one poll() instead of
-zmq_poll (:meth:`Van._quiet_wait`).
+them (at once, never held for a batch). While only lanes are busy, the loop
+waits with one poll() instead of zmq_poll (:meth:`Van._quiet_wait`).
 """
 from __future__ import annotations
 
@@ -104,6 +104,7 @@ class Van:
         self._timers: list[tuple[float, int, float, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self._thread_id: int | None = None  # its get_ident(): cheaper to compare than current_thread()
         self._running = False
         self._stopped = threading.Event()
 
@@ -239,7 +240,7 @@ class Van:
         Frames must stay unchanged until delivered; pyzmq keeps them alive.
         """
         parts = [header.pack(), *frames]
-        if self._thread is not None and threading.current_thread() is self._thread:
+        if threading.get_ident() == self._thread_id:
             self._post(sid, identity, parts)
         else:
             self._outbox.append((sid, identity, parts))
@@ -290,7 +291,13 @@ class Van:
                 pass  # shutting down
 
     def _post(self, sid: str, identity: bytes | None, parts: list) -> None:
-        """On the I/O thread: hold a small message for its peer's batch, or send now."""
+        """On the I/O thread: hold a small message for its peer's batch, or send now. An identity with a
+        direct lane is written at once: a lane carries one blocking call at a time, so nothing would
+        join its batch, and its caller is waiting."""
+        if identity is not None and self._lanes:
+            lane = self._lanes.get(sid)
+            if lane is not None and lane.send(identity, parts):
+                return
         dest = (sid, identity)
         if self.batch_bytes and len(parts) <= 2:
             size = memoryview(parts[1]).nbytes if len(parts) == 2 else 0
@@ -396,6 +403,7 @@ class Van:
         return events
 
     def _loop(self) -> None:
+        self._thread_id = threading.get_ident()
         quiet_at = -1  # _zmq_ops as of the last zmq_poll (-1: make the next wait a zmq_poll)
         try:
             while self._running:

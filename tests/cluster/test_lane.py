@@ -33,6 +33,14 @@ def test_reader_reassembles_a_message_split_anywhere():
         assert [[bytes(f) for f in msg] for msg in got] == [[b"abc", b"", b"defg"]] * 2, cut
 
 
+def test_frames_of_messages_read_together_survive_the_next_reads():
+    r = Reader(1000)
+    got = r.feed(_wire([b"first"]) + _wire([b"second"]) + _wire([b"thi"])[:5])
+    later = r.feed(_wire([b"thi"])[5:]) + r.feed(_wire([b"x" * 20]))
+    assert [[bytes(f) for f in msg] for msg in got] == [[b"first"], [b"second"]]
+    assert [[bytes(f) for f in msg] for msg in later] == [[b"thi"], [b"x" * 20]]
+
+
 def test_reader_refuses_a_message_over_its_limit():
     with pytest.raises(LaneError, match="a message of 1004 bytes"):
         Reader(1000).feed(_wire([b"x" * 1000]))
