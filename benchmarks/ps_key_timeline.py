@@ -372,8 +372,18 @@ def main(argv=None) -> int:
     print(f"  traced step            {s['step_s'] * 1e3:7.0f} ms   bound c + M/B {bound * 1e3:.0f} ms "
           f"(c = {res['compute_s'] * 1e3:.0f} ms, M/B = {res['bytes'] / rate_Bps * 1e3:.0f} ms): "
           f"{s['step_s'] / bound:.2f}x the bound")
+    if not ends:  # e.g. layer-wise updates (+lw): the trace counts steps at DistributedOptimizer.step()
+        print("  no key traced in the traced step (layer-wise strategies are not traced per step yet)")
+        return 1
     print(f"  keys traced            {len(s['keys'])}; rounds completed from {ends[0] * 1e3:.0f} to "
           f"{ends[-1] * 1e3:.0f} ms; median {statistics.median(ends) * 1e3:.0f} ms")
+    spread = sorted(max(a.values()) - min(a.values()) for a in (d.get("arrivals", {}) for d in s["keys"])
+                    if len(a) == n)
+    if spread:
+        print(f"  a round's pushes arrive spread over: median {statistics.median(spread) * 1e3:.0f} ms, "
+              f"max {spread[-1] * 1e3:.0f} ms; worker 0's last push sent at "
+              f"{(max(d['sent'] for d in s['keys']) - s['t_start']) * 1e3:.0f} ms, its last pull back at "
+              f"{(max(d['resp'] for d in s['keys']) - s['t_start']) * 1e3:.0f} ms")
     idle = idle_fractions(samples, s["t_start"], s["t_start"] + s["step_s"], rate_Bps)
     for h, r in s["rates"].items():
         who = f"host {h}" + (" (worker 0)" if h == 0 else " (server 0)" if h == server0_host else "")
