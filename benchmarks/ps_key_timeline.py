@@ -87,7 +87,19 @@ def sample_main(args) -> int:
             rows.append((time.time(), _tcp_send_queue()))
             time.sleep(args.interval)
 
+    def tcpinfo(ns: str) -> None:
+        """``ss -tin`` every ``--ss-interval`` s: per connection cwnd, unacked, retrans, lost, rto, send queue."""
+        _enter(ns)  # the child inherits this thread's namespace
+        rows = out.setdefault("ss", {}).setdefault(ns, [])
+        while time.time() < stop:
+            t = time.time()
+            r = subprocess.run(["ss", "-tinH", "state", "established"], capture_output=True, text=True)
+            rows.append((t, r.stdout))
+            time.sleep(args.ss_interval)
+
     threads = [threading.Thread(target=links)] + [threading.Thread(target=sendq, args=(ns,)) for ns in args.hosts]
+    if args.ss_interval > 0:
+        threads += [threading.Thread(target=tcpinfo, args=(ns,)) for ns in dict.fromkeys(args.hosts)]
     for th in threads:
         th.start()
     for th in threads:
@@ -104,15 +116,25 @@ def worker_main(args) -> int:
     import pushpull.torch as bps
     from pushpull.bench.emulated_model import EmulatedModel
     from pushpull.bench.grid import scaled_profile
+    from pushpull.bench.grid import _bytes
     from pushpull.torch.strategies import make_strategy
 
     torch.set_num_threads(1)
     bps.init()
     prof, size_scale, _ = scaled_profile(args.model, args.grad_mb)
     model = EmulatedModel(prof, args.compute_scale, size_scale)
-    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                   named_parameters=model.named_parameters(), strategy=make_strategy(args.strategy),
-                                   model=model)
+    base = args.strategy[:-3] if args.strategy.endswith("+lw") else args.strategy
+    opts = {}
+    if args.partition_bytes or args.credit:  # a scheduling strategy's options, as the grid passes them
+        opts = {"partition_bytes": args.partition_bytes or None,
+                "credit": _bytes(args.credit) if args.credit else None}  # 'inf': as the grid passes it
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    if args.strategy.endswith("+lw"):  # layer-wise updates (the grid's NAME+lw)
+        opt = bps.ScheduledOptimizer(model, sgd, named_parameters=model.named_parameters(),
+                                     strategy=make_strategy(base, **opts))
+    else:
+        opt = bps.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                       strategy=make_strategy(base, **opts), model=model)
     x = torch.zeros(1)
     times = []
     for _ in range(STEPS):
@@ -122,6 +144,8 @@ def worker_main(args) -> int:
         model(x).sum().backward()
         opt.step()
         times.append((time.time() - (time.perf_counter() - t0), time.perf_counter() - t0))
+    if hasattr(opt, "synchronize"):
+        opt.synchronize()
     if bps.rank() == 0:
         Path(args.result).write_text(json.dumps({"steps": times, "compute_s": model.compute_s,
                                                  "bytes": model.nbytes}))
@@ -130,6 +154,16 @@ def worker_main(args) -> int:
 
 
 # ---------------------------------------------------------------- driver --
+
+NSTAT = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
+         "TcpExtTCPFastRetrans", "TcpExtTCPSlowStartRetrans")
+
+
+def _nstat(ns: str) -> dict:
+    """A host's absolute TCP counters (nstat, history untouched)."""
+    r = subprocess.run(["ip", "netns", "exec", ns, "nstat", "-asz", *NSTAT], capture_output=True, text=True)
+    return {p[0]: int(p[1]) for p in (line.split() for line in r.stdout.splitlines()[1:]) if len(p) >= 2}
+
 
 def _load(path: str) -> tuple[list[dict], float]:
     from pushpull.timeline import load_trace
@@ -179,6 +213,23 @@ def analyse(tmp: str, res: dict, samples: dict, hosts: list[int]) -> dict:
             rates[h] = {"up": (rb[port][0] - ra[port][0]) / (tb - ta), "down": (rb[port][1] - ra[port][1]) / (tb - ta)}
     ends = sorted(d["round_end"] - t_start for d in keys)
     return {"t_start": t_start, "step_s": step_s, "keys": keys, "rates": rates, "round_ends": ends}
+
+
+def idle_fractions(samples: dict, t0: float, t1: float, rate_Bps: float, win: int = 2) -> dict:
+    """Per host and direction, the fraction of the step's sample intervals (``win`` samples each) in which
+    the link carried under 10 % of its rate."""
+    link = [(t, row) for t, row in samples["links"] if t0 <= t <= t1]
+    out = {}
+    for port in (link[0][1] if link else {}):
+        h = int(port[2:])
+        for di, direction in enumerate(("up", "down")):
+            n = low = 0
+            for j in range(win, len(link), win):
+                dt = link[j][0] - link[j - win][0]
+                n += 1
+                low += (link[j][1][port][di] - link[j - win][1][port][di]) / dt < 0.1 * rate_Bps
+            out.setdefault(h, {})[direction] = low / max(1, n)
+    return out
 
 
 def plot(summary: dict, samples: dict, hosts: list[int], rate_Bps: float, bound_s: float, title: str,
@@ -243,7 +294,11 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="vgg16")
     p.add_argument("--grad-mb", type=float, default=8.0)
     p.add_argument("--ratio", type=float, default=0.25, help="compute / (M / link rate)")
-    p.add_argument("--strategy", default="wfbp")
+    p.add_argument("--strategy", default="wfbp", help="a strategy, NAME+lw for layer-wise updates")
+    p.add_argument("--partition-bytes", type=int, default=0,
+                   help="a scheduling strategy's partition (0: its default scaled with the model, as the grid)")
+    p.add_argument("--credit", default="", help="a scheduling strategy's credit in bytes, or 'inf' (unlimited)")
+    p.add_argument("--ss-interval", type=float, default=0.0, help="sample ss -tin in the sampled hosts (s; 0 = off)")
     p.add_argument("--congestion", default="cubic", help="emulated hosts' TCP congestion control ('inherit')")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every process of the job")
     p.add_argument("--out", default="docs/results/ps_key_timeline", help="prefix of the .png and .json written")
@@ -284,19 +339,30 @@ def main(argv=None) -> int:
             print("ps_key_timeline: network namespaces are unavailable here (needs root)", file=sys.stderr)
             return 2
         sampler = subprocess.Popen([sys.executable, __file__, "--sample", "--switch", c.switch_ns, "--hosts",
-                                    c.ns(0), c.ns(server0_host), "--seconds", "90", "--result", f"{tmp}/samples.json"])
+                                    c.ns(0), c.ns(server0_host), "--seconds", "90", "--result", f"{tmp}/samples.json",
+                                    "--ss-interval", str(args.ss_interval)])
+        base = args.strategy[:-3] if args.strategy.endswith("+lw") else args.strategy
+        part = args.partition_bytes
+        if not part and (args.credit or base == "bytescheduler"):  # the grid's scaled default partition
+            from pushpull.bench.grid import _scaled_scheduling
+
+            part = _scaled_scheduling({"base": base, "partition_bytes": None, "credit_bytes": 1}, "ps",
+                                      size_scale)["partition_bytes"]
         worker = [sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
                   "--grad-mb", str(args.grad_mb), "--compute-scale", repr(compute_scale),
-                  "--strategy", args.strategy, "--result", f"{tmp}/result.json"]
+                  "--strategy", args.strategy, "--partition-bytes", str(part), "--credit", args.credit,
+                  "--result", f"{tmp}/result.json"]
+        nstat0 = {i: _nstat(c.ns(i)) for i in range(hosts)}
         job = launch_job(c, n, n, worker, env=env, placement=args.placement, log_dir=f"{tmp}/logs")
         job.wait(300)
         sampler.wait(120)
         qd = {i: c.qdisc_stats(i) for i in range(hosts)}
+        nstat1 = {i: _nstat(c.ns(i)) for i in range(hosts)}
         sw = subprocess.run(["ip", "netns", "exec", c.switch_ns, "tc", "-s", "qdisc"], capture_output=True,
                             text=True).stdout
     res = json.loads(Path(f"{tmp}/result.json").read_text())
     samples = json.loads(Path(f"{tmp}/samples.json").read_text())
-    s = analyse(tmp, res, samples, [0, server0_host])
+    s = analyse(tmp, res, samples, list(range(hosts)))
     bound = res["compute_s"] + res["bytes"] / rate_Bps
     ends = s["round_ends"]
     up_drops = [int(m) for i in range(hosts) for m in re.findall(r"dropped (\d+)", qd[i])[:1]]
@@ -306,12 +372,28 @@ def main(argv=None) -> int:
     print(f"  traced step            {s['step_s'] * 1e3:7.0f} ms   bound c + M/B {bound * 1e3:.0f} ms "
           f"(c = {res['compute_s'] * 1e3:.0f} ms, M/B = {res['bytes'] / rate_Bps * 1e3:.0f} ms): "
           f"{s['step_s'] / bound:.2f}x the bound")
+    if not ends:  # e.g. layer-wise updates (+lw): the trace counts steps at DistributedOptimizer.step()
+        print("  no key traced in the traced step (layer-wise strategies are not traced per step yet)")
+        return 1
     print(f"  keys traced            {len(s['keys'])}; rounds completed from {ends[0] * 1e3:.0f} to "
           f"{ends[-1] * 1e3:.0f} ms; median {statistics.median(ends) * 1e3:.0f} ms")
+    spread = sorted(max(a.values()) - min(a.values()) for a in (d.get("arrivals", {}) for d in s["keys"])
+                    if len(a) == n)
+    if spread:
+        print(f"  a round's pushes arrive spread over: median {statistics.median(spread) * 1e3:.0f} ms, "
+              f"max {spread[-1] * 1e3:.0f} ms; worker 0's last push sent at "
+              f"{(max(d['sent'] for d in s['keys']) - s['t_start']) * 1e3:.0f} ms, its last pull back at "
+              f"{(max(d['resp'] for d in s['keys']) - s['t_start']) * 1e3:.0f} ms")
+    idle = idle_fractions(samples, s["t_start"], s["t_start"] + s["step_s"], rate_Bps)
     for h, r in s["rates"].items():
-        who = "worker 0" if h == 0 else "server 0"
+        who = f"host {h}" + (" (worker 0)" if h == 0 else " (server 0)" if h == server0_host else "")
         print(f"  {who} link over the step: up {r['up'] * 8 / 1e6:6.1f} Mbit/s, down {r['down'] * 8 / 1e6:6.1f} "
-              f"Mbit/s (link {rate_Bps * 8 / 1e6:.0f})")
+              f"Mbit/s (link {rate_Bps * 8 / 1e6:.0f}); under 10 % of the link for {idle[h]['up'] * 100:.0f} % / "
+              f"{idle[h]['down'] * 100:.0f} % of the step")
+    for i in range(hosts):
+        d = {k: nstat1[i].get(k, 0) - nstat0[i].get(k, 0) for k in NSTAT}
+        print(f"  host {i} TCP over the job: " + ", ".join(f"{k.replace('TcpExt', '').replace('Tcp', '')} {v}"
+                                                           for k, v in d.items()))
     print(f"  token-bucket drops over the job: uplinks {up_drops}, downlinks {down_drops}")
     title = args.title or (f"{args.model} {res['bytes'] / 1e6:.0f} MB, {n}+{n} hosts, {args.rate}, {args.strategy}; "
                            f"{' '.join(args.env) or 'defaults'}; {args.congestion}: step {s['step_s'] * 1e3:.0f} ms, "
