@@ -477,6 +477,22 @@ def env_source(name: str, env: Mapping[str, str] | None = None) -> tuple[str, st
     return None
 
 
+def read_setting(name: str, env: Mapping[str, str] | None = None) -> tuple[Any, str]:
+    """``(value, source)`` of setting ``name`` in ``env`` (default ``os.environ``), parsed as the table says;
+    source is the variable that set it, or ``"default"``. A malformed value raises :class:`ConfigError`
+    naming the variable, the value and what it accepts. :func:`load_config` reads every setting with it; a
+    launcher that needs one setting before the whole configuration calls it alone."""
+    found = env_source(name, env)
+    s = _BY_NAME[name]
+    if found is None:
+        return s.default, "default"
+    var, raw = found
+    try:
+        return s.parse(raw), var
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{var}={raw!r} is invalid: {e}; {var} accepts {s.accepts}") from None
+
+
 def load_config(env: Mapping[str, str] | None = None) -> Config:
     """Read every setting from ``env`` (default ``os.environ``).
 
@@ -487,16 +503,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in SETTINGS:
-        found = env_source(s.name, env)
-        if found is None:
-            values[s.name], sources[s.name] = s.default, "default"
-            continue
-        var, raw = found
-        try:
-            values[s.name] = s.parse(raw)
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"{var}={raw!r} is invalid: {e}; {var} accepts {s.accepts}") from None
-        sources[s.name] = var
+        values[s.name], sources[s.name] = read_setting(s.name, env)
     cfg = Config(**values, sources=sources)
     _check_consistency(cfg)
     return cfg

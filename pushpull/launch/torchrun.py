@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 
-from pushpull.config import DEFAULTS, ConfigError, env_source, setting
+from pushpull.config import read_setting
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +44,6 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _servers_per_node(env) -> int:
-    """PUSHPULL_SERVERS_PER_NODE, parsed as the settings table says; a bad value names the variable."""
-    found = env_source("servers_per_node", env)
-    if found is None:
-        return DEFAULTS.servers_per_node
-    var, raw = found
-    s = setting("servers_per_node")
-    try:
-        return s.parse(raw)
-    except ValueError as e:
-        raise ConfigError(f"{var}={raw!r} is invalid: {e}; {var} accepts {s.accepts}") from None
-
-
 def start_cluster(timeout: float = 120.0) -> None:
     """Agree on the scheduler's address and the secret through torchrun's store, set the DMLC_*/BYTEPS_*
     variables every pushpull process reads, and start this node's share of the scheduler and servers."""
@@ -72,7 +59,7 @@ def start_cluster(timeout: float = 120.0) -> None:
                            f"pushpull needs the same number of processes on every node")
     nodes = world // local_world
     node = int(env.get("GROUP_RANK", rank // local_world))
-    per_node = _servers_per_node(env)
+    per_node = read_setting("servers_per_node", env)[0]
     master = env.get("MASTER_ADDR", "127.0.0.1")
     store = TCPStore(master, int(env["MASTER_PORT"]), is_master=False,
                      timeout=datetime.timedelta(seconds=timeout))

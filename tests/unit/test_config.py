@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pushpull.config import (DEFAULTS, SETTINGS, Config, ConfigError, env_source, load_config, markdown_table,
-                             worker_identity)
+                             read_setting, worker_identity)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,20 +142,14 @@ def test_pushpull_role_starts_the_role_as_dmlc_role_does(capsys, monkeypatch):
                                 "PUSHPULL_ROLE": "worker"})
 
 
-def test_servers_per_node_default_under_torchrun():
-    from pushpull.launch import torchrun
-
-    assert torchrun._servers_per_node({}) == 1
+def test_read_setting_default_names_its_source():
+    assert read_setting("servers_per_node", {}) == (1, "default")
 
 
 def test_servers_per_node_read_from_the_table():
-    from pushpull.launch import torchrun
-
-    assert torchrun._servers_per_node({"PUSHPULL_SERVERS_PER_NODE": "3"}) == 3
+    assert read_setting("servers_per_node", {"PUSHPULL_SERVERS_PER_NODE": "3"}) == (3, "PUSHPULL_SERVERS_PER_NODE")
 
 
 def test_servers_per_node_bad_value_names_the_variable():
-    from pushpull.launch import torchrun
-
     with pytest.raises(ConfigError, match=r"PUSHPULL_SERVERS_PER_NODE='two' is invalid.*accepts integer >= 0"):
-        torchrun._servers_per_node({"PUSHPULL_SERVERS_PER_NODE": "two"})
+        read_setting("servers_per_node", {"PUSHPULL_SERVERS_PER_NODE": "two"})
