@@ -53,7 +53,8 @@ Keys (defaults in brackets):
   strategy within one launch (first round after ``warmup`` [4] untimed steps);
   each round's median is one try (mean +- std in the report).
 * ``repeats`` [1]: separate launches of each job.
-* ``ps_partition_bytes`` [4,096,000 x size scale, at least 64 KiB]: the PS
+* ``ps_partition_bytes`` [4,096,000 x size scale, at least 64 KiB, x 4/k
+  beyond k = 4 servers as pushpull.config.default_partition_bytes]: the PS
   engine's key size (``BYTEPS_PARTITION_BYTES``); keys are spread over the
   servers, and every key is one push and one pull message. A list makes it a
   grid axis (``"default"`` or ``null`` in it = the default).
@@ -88,7 +89,7 @@ import sys
 from pushpull import policy, units
 from pushpull.policy import bytescheduler as bs_policy
 from pushpull.cli import help_text
-from pushpull.config import DEFAULTS
+from pushpull.config import DEFAULTS, default_partition_bytes
 import tempfile
 import time
 from pathlib import Path
@@ -184,10 +185,13 @@ def scaled_profile(model: str, grad_mb: float):
     return prof, size_scale, numel * 4
 
 
-def scaled_ps_partition_bytes(size_scale: float) -> int:
-    """BytePS's default key size (BYTEPS_PARTITION_BYTES, 4,096,000) scaled with the model's tensors, at
-    least 64 KiB: the out-of-the-box key size of a model shrunk by ``size_scale``."""
-    return max(65536, int(DEFAULTS.partition_bytes * size_scale))
+def scaled_ps_partition_bytes(size_scale: float, servers: int = 1) -> int:
+    """The out-of-the-box key size of a model shrunk by ``size_scale`` on ``servers`` servers: BytePS's
+    4,096,000 scaled with the model's tensors, at least 64 KiB (so a tiny model is not cut into thousands of
+    messages), times the share :func:`pushpull.config.default_partition_bytes` keeps at that many servers
+    (1 up to 4 servers, 4/k beyond)."""
+    share = default_partition_bytes(servers) / DEFAULTS.partition_bytes
+    return max(1024, int(max(65536, int(DEFAULTS.partition_bytes * size_scale)) * share))
 
 
 def _scaled_scheduling(run: dict, backend: str, size_scale: float) -> dict:
@@ -239,9 +243,9 @@ def expand(cfg: dict) -> list[dict]:
                      "ratio": float(ratio), "grad_mb": grad_mb, "repeat": rep, "hosts": hosts,
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
-                     # PS keys sharded at ByteScheduler's size x the size scale (BYTEPS_PARTITION_BYTES)
+                     # PS keys: the default key size at k servers x the size scale (BYTEPS_PARTITION_BYTES)
                      "ps_partition_bytes": units.size_bytes(psp, "ps_partition_bytes")
-                     if psp not in (None, "default") else scaled_ps_partition_bytes(size_scale)})
+                     if psp not in (None, "default") else scaled_ps_partition_bytes(size_scale, k)})
     return jobs
 
 

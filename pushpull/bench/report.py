@@ -109,16 +109,20 @@ def backend_comparison(agg: list[dict]) -> list[dict]:
     """PS cells next to the all-reduce cell of the same model, strategy, workers, bandwidth and ratio
     (an all-reduce has no servers, so its placement does not matter)."""
     drop = ("backend", "servers", "placement", "ps_partition_bytes")  # the PS key size is no all-reduce setting
-    ar = {}
+    # an all-reduce row carries the key size of the grid job it ran beside: a PS cell pairs with the ring that
+    # ran in the same grid run where there is one (a re-run at another key size), else with any
+    same_run = ("backend", "servers", "placement")
+    ar, ar_same = {}, {}
     for a in agg:
         if a["backend"] == "allreduce":
             ar.setdefault(_gkey(a, drop=drop) + (a["strategy"],), a)
+            ar_same.setdefault(_gkey(a, drop=same_run) + (a["strategy"],), a)
     res = []
     for a in agg:
         if a["backend"] == "ps":
-            b = ar.get(_gkey(a, drop=drop) + (a["strategy"],))
+            b = ar_same.get(_gkey(a, drop=same_run) + (a["strategy"],)) or ar.get(_gkey(a, drop=drop) + (a["strategy"],))
             if b:
-                ddp = ar.get(_gkey(a, drop=drop) + ("ddp",))
+                ddp = (ar_same.get(_gkey(a, drop=same_run) + ("ddp",)) or ar.get(_gkey(a, drop=drop) + ("ddp",)))
                 res.append({**a, "ar_step_s": b["step_s"], "ps_over_ar": b["step_s"] / a["step_s"],
                             "ddp_step_s": ddp["step_s"] if ddp else None, **bounds(a)})
     return res

@@ -47,8 +47,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="each of the --local-size processes pushes every tensor over the machine's NIC "
                         "(PUSHPULL_LOCAL_REDUCE=0; PS backend)")
     p.add_argument("--sum-rate", help="server summation rate, e.g. 5GB/s (default: free)")
-    p.add_argument("--ps-partition-bytes", default=str(DEFAULTS.partition_bytes),
-                   help=f"PS key sharding size (default {DEFAULTS.partition_bytes}, BYTEPS_PARTITION_BYTES's)")
+    p.add_argument("--ps-partition-bytes",
+                   help=f"PS key sharding size (default BYTEPS_PARTITION_BYTES's: {DEFAULTS.partition_bytes} up to "
+                        f"4 servers, 4/k of it beyond, pushpull.config.default_partition_bytes)")
     p.add_argument("--compute-scale", default="1", help="multiply profile compute times (GPU k x faster: 1/k)")
     p.add_argument("--no-layerwise", action="store_true", help="next forward waits for every gradient")
     p.add_argument("--compression-ratio", help="gradient compression ratio (payload = bytes/ratio)")
@@ -107,9 +108,10 @@ def _cluster(a, **over) -> ClusterConfig:
         local_size=_int(a.local_size, "--local-size"),
         local_reduce=not a.no_local_reduce,
         sum_rate=_wrap(parse_bandwidth, a.sum_rate, "--sum-rate") if a.sum_rate else None,
-        ps_partition_bytes=_wrap(parse_bytes, a.ps_partition_bytes, "--ps-partition-bytes"),
+        ps_partition_bytes=(_wrap(parse_bytes, a.ps_partition_bytes, "--ps-partition-bytes")
+                            if a.ps_partition_bytes else None),
     )
-    if kw["ps_partition_bytes"] < 1:
+    if kw["ps_partition_bytes"] is not None and kw["ps_partition_bytes"] < 1:
         raise CliError("--ps-partition-bytes: must be >= 1 byte")
     try:
         return ClusterConfig(**kw)

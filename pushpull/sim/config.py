@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from pushpull import units
-from pushpull.config import DEFAULTS
+from pushpull.config import DEFAULTS, default_partition_bytes
 
 BACKENDS = ("ps", "allreduce")
 COMPUTE_CLOCKS = ("sequential", "deadline")
@@ -65,7 +65,7 @@ class ClusterConfig:
     colocated: bool = False             # BytePS style: server k shares machine k's NIC
     server_bandwidth: float | None = None   # per server NIC; None -> bandwidth
     sum_rate: float | None = None       # server summation, input bytes/s; None -> free
-    ps_partition_bytes: int = DEFAULTS.partition_bytes  # PS shards keys at this size (BYTEPS_PARTITION_BYTES)
+    ps_partition_bytes: int | None = None   # PS key size (BYTEPS_PARTITION_BYTES); None -> the default at k servers
     local_size: int = 1                 # devices per worker machine
     message_s: float = 0.0              # per-message CPU time on a worker (FIFO, overlaps the wire)
     local_reduce: bool = True           # False: each device pushes everything over the machine's NIC
@@ -90,6 +90,8 @@ class ClusterConfig:
             raise ValueError(f"latency must be a finite number >= 0 s, got {self.latency!r}")
         if self.sum_rate is not None and not (self.sum_rate > 0):
             raise ValueError(f"sum_rate must be > 0 bytes/s or None, got {self.sum_rate!r}")
+        if self.ps_partition_bytes is None:
+            self.ps_partition_bytes = default_partition_bytes(self.servers)
         if not isinstance(self.ps_partition_bytes, int) or self.ps_partition_bytes < 1:
             raise ValueError(f"ps_partition_bytes must be an integer >= 1, got {self.ps_partition_bytes!r}")
         if not isinstance(self.local_size, int) or self.local_size < 1:

@@ -439,6 +439,13 @@ def get_reducer() -> AllReducer:
         return _reducer
 
 
+def process_group_backend(cuda: bool) -> str:
+    """The backend string the all-reduce process group is joined with. With CUDA, NCCL for CUDA tensors and gloo
+    for CPU ones: an NCCL-only group fails every CPU tensor ('No backend type associated with device type cpu'),
+    which a job on a GPU machine reducing CPU gradients, metrics or ids would hit."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
 def _create() -> AllReducer:
     from pushpull.torch import ops
 
@@ -450,7 +457,7 @@ def _create() -> AllReducer:
     own = False
     if not dist.is_initialized():
         port = cfg.allreduce_port or cfg.root_port + 2
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = process_group_backend(torch.cuda.is_available())
         try:
             dist.init_process_group(backend, init_method=f"tcp://{cfg.root_uri}:{port}", rank=rank,
                                     world_size=size, timeout=timeout)

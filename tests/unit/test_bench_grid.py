@@ -121,3 +121,9 @@ def test_report_labels_no_key_size_where_only_the_models_differ():
     text = markdown([dict(base, model="vgg16", ps_partition_bytes=65536),
                      dict(base, model="resnet50", ps_partition_bytes=320538)], "x", [])
     assert "KiB keys" not in text
+
+
+def test_grid_default_key_size_follows_the_runtime_default_at_eight_servers():
+    from pushpull.bench.grid import scaled_ps_partition_bytes
+    assert scaled_ps_partition_bytes(0.01446, 4) == 65536   # BytePS's 4,096,000 x scale, floored at 64 KiB
+    assert scaled_ps_partition_bytes(0.01446, 8) == 32768   # x 4/k beyond 4 servers, as the runtime's default

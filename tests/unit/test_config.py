@@ -153,3 +153,25 @@ def test_servers_per_node_read_from_the_table():
 def test_servers_per_node_bad_value_names_the_variable():
     with pytest.raises(ConfigError, match=r"PUSHPULL_SERVERS_PER_NODE='two' is invalid.*accepts integer >= 0"):
         read_setting("servers_per_node", {"PUSHPULL_SERVERS_PER_NODE": "two"})
+
+
+def test_default_key_size_is_bytepss_up_to_four_servers():
+    from pushpull.config import default_partition_bytes
+    assert [default_partition_bytes(k) for k in (1, 2, 4)] == [4096000] * 3
+
+
+def test_default_key_size_shrinks_as_one_over_k_beyond_four_servers():
+    from pushpull.config import default_partition_bytes
+    assert default_partition_bytes(8) == 2048000
+    assert default_partition_bytes(16) == 1024000
+    assert default_partition_bytes(10**6) == 65536   # floored
+
+
+def test_load_config_applies_the_server_count_to_the_default_key_size():
+    cfg = load_config({"DMLC_NUM_SERVER": "8"})
+    assert (cfg.partition_bytes, cfg.sources["partition_bytes"]) == (2048000, "default")
+
+
+def test_a_set_key_size_wins_over_the_server_count():
+    cfg = load_config({"DMLC_NUM_SERVER": "8", "BYTEPS_PARTITION_BYTES": "4096000"})
+    assert (cfg.partition_bytes, cfg.sources["partition_bytes"]) == (4096000, "BYTEPS_PARTITION_BYTES")

@@ -589,3 +589,10 @@ def test_optimizer_on_the_training_thread():
            "measured_step_s": 1.0, "layerwise": True, "update_s": u, "wake_s": w}
     assert validate([row], profiles={"toy": big}).rows[0]["predicted_step_s"] == \
         pytest.approx(lw.iteration_s, rel=1e-12)
+
+
+def test_sim_cluster_takes_the_runtime_default_key_size_for_its_server_count():
+    from pushpull.sim.config import ClusterConfig
+    assert ClusterConfig(workers=8, bandwidth=1e9).ps_partition_bytes == 2048000
+    assert ClusterConfig(workers=4, bandwidth=1e9).ps_partition_bytes == 4096000
+    assert ClusterConfig(workers=8, bandwidth=1e9, ps_partition_bytes=65536).ps_partition_bytes == 65536

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-from pushpull.config import DEFAULTS
 from pushpull.profiles import DTYPE_BYTES, LayerProfile, Profile, TensorSpec
 from pushpull.sim.config import ClusterConfig, SimOptions, per_call_costs
 from pushpull.sim.engine import simulate
@@ -64,7 +63,7 @@ def _one_buffer_s(cluster: ClusterConfig, nbytes: int) -> float:
 
 def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_probe: float, t_small: float,
                 t_stream: float, colocated: bool = False,
-                ps_partition_bytes: int = DEFAULTS.partition_bytes) -> ClusterConfig:
+                ps_partition_bytes: int | None = None) -> ClusterConfig:
     """A cluster on which the simulator times the three probes as they were measured.
 
     ``message_s`` and the latency are :func:`pushpull.sim.config.per_call_costs` of the two small probes (PS:
@@ -77,7 +76,8 @@ def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_pr
 
     def cl(bw: float) -> ClusterConfig:
         return ClusterConfig(workers=workers, servers=servers, bandwidth=bw, backend=backend, latency=lat,
-                             colocated=colocated, ps_partition_bytes=int(ps_partition_bytes), message_s=msg)
+                             colocated=colocated, message_s=msg,
+                             ps_partition_bytes=None if ps_partition_bytes is None else int(ps_partition_bytes))
 
     lo, hi = 1e4, 1e11   # bytes/s (80 kbit/s .. 800 Gbit/s; the fluid model hangs near 1e13)
     if _one_buffer_s(cl(hi), probe_bytes) >= t_probe:
