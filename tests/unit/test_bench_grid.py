@@ -127,3 +127,15 @@ def test_grid_default_key_size_follows_the_runtime_default_at_eight_servers():
     from pushpull.bench.grid import scaled_ps_partition_bytes
     assert scaled_ps_partition_bytes(0.01446, 4) == 65536   # BytePS's 4,096,000 x scale, floored at 64 KiB
     assert scaled_ps_partition_bytes(0.01446, 8) == 32768   # x 4/k beyond 4 servers, as the runtime's default
+
+
+def test_report_header_names_every_tries_shape_when_rows_of_two_runs_mix():
+    """A page whose cells were partly re-measured with more tries says so, instead of the first row's shape."""
+    from pushpull.bench.report import markdown
+
+    base = {"model": "vgg16", "workers": 4, "servers": 4, "placement": "colocated", "bandwidth": "200mbit",
+            "bandwidth_bytes_s": 25e6, "ratio": 0.25, "strategy": "wfbp", "backend": "ps", "compute_s": 0.08,
+            "grad_bytes": 8e6, "t_comm_s": 0.5, "throughput": 1.0, "mode": "namespaces", "grad_mb": 8, "step_s": 0.5}
+    rows = [dict(base, steps=6, try_step_s=[0.5, 0.5], try_throughput=[1.0, 1.0]),
+            dict(base, ratio=0.5, steps=15, try_step_s=[0.5] * 5, try_throughput=[1.0] * 5)]
+    assert "2 tries of 3 steps or 5 tries of 3 steps per cell" in markdown(rows, "x", [])
