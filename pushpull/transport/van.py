@@ -154,7 +154,11 @@ class Van:
         if not sys.platform.startswith("linux"):
             return None
         addr = f"ipc://@pushpull-{self.name}-{os.getpid()}-{os.urandom(8).hex()}"
-        self._sockets[sid].bind(addr)
+        try:
+            self._sockets[sid].bind(addr)
+        except zmq.ZMQError as e:  # a libzmq built without ipc: the workers keep the TCP port
+            log.warning("%s: no local socket (%s); workers on this host use loopback TCP", self.name, e)
+            return None
         return addr
 
     def connect_dealer(self, sid: str, addr: str, identity: bytes, handler: DealerHandler,
