@@ -134,7 +134,8 @@ def child_main(args) -> int:
     sizes = resnet50_sizes()
     nbytes = sum(sizes) * 4
     # the echo takes the transport push_pull's workers reach their servers by (the same on every rank)
-    ipc = all(a.startswith("ipc://") for a in bps.engine().server_addrs.values())
+    addrs = bps.engine().server_addrs if bps.engine() is not None else {}
+    ipc = bool(addrs) and all(a.startswith("ipc://") for a in addrs.values())
     echo = ZmqEcho(rank, cfg.root_uri, nbytes, ipc=ipc) if rank in (0, 1) else None
     port = join_gloo_beside(echo.port if echo else 0)
     if echo:
