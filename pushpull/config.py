@@ -214,6 +214,11 @@ SETTINGS: tuple[Setting, ...] = (
       "listen for direct lanes: plain TCP, authenticated with an HMAC of the job secret, on which the direct "
       "path (PUSHPULL_DIRECT_BYTES) sends and receives from the caller's thread without libzmq's I/O threads "
       "(docs/results.md, Transport). 0: the direct path uses ZeroMQ."),
+    S("local_ipc", [], True, _bool, "0 | 1",
+      "A server reached on loopback also listens on an abstract Unix socket (ZeroMQ ipc, scoped to the network "
+      "namespace as loopback is, with the same authentication), and the workers of its host send their pushes "
+      "and pulls there: no TCP stack per byte (`pushpull bench allreduce`, docs/results.md, Transport). 0: "
+      "loopback TCP."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
       "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "
       "communication thread (0 = on the communication thread); for compressed models with many large "
@@ -377,6 +382,7 @@ class Config:
     batch_bytes: int
     direct_bytes: int
     direct_lane: bool
+    local_ipc: bool
     threadpool_size: int
     key_hash_fn: str
     strategy: str

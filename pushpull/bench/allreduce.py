@@ -14,7 +14,9 @@ Ratios printed:
   bytes through sockets (every worker pushes M and pulls M bytes, 2·n·M in
   all) divided by the rate two of the same processes reach bouncing the same M
   bytes in 4 MiB messages with raw pyzmq (bytes sent both ways / time), measured
-  between the rounds of the same run. The echo sends M bytes of distinct memory,
+  between the rounds of the same run, over the transport push_pull's workers
+  reach their servers by (ipc, an abstract Unix socket, where the servers offer
+  it on loopback: PUSHPULL_LOCAL_IPC; else TCP). The echo sends M bytes of distinct memory,
   as push_pull sends M bytes of gradients. Bouncing one 4 MiB buffer M / 4 MiB
   times (it can stay in the CPU cache, which no gradient exchange can count on)
   is reported beside it (``fraction_of_hot_buffer_ceiling``); on the 2-core VM
@@ -46,31 +48,43 @@ class ZmqEcho:
     """Raw pyzmq between ranks 0 and 1 of the job: rank 0 sends ``total_bytes``
     in ``chunk``-sized messages (``window`` in flight), rank 1 echoes them.
     Measured between the push_pull and gloo rounds, so all three see the same
-    machine load.
+    machine load. With ``ipc`` over an abstract Unix socket (the transport the
+    workers use to reach servers on loopback), else over TCP.
 
     Rank 0 sends consecutive chunks of one ``total_bytes`` buffer (the payload's
     size in distinct memory, like the gradients push_pull sends), or with
     ``hot=True`` the same 4 MiB chunk every time (it can stay in the CPU cache)."""
 
-    def __init__(self, rank: int, host: str, total_bytes: int, chunk: int = 4 * MiB, window: int = 8):
+    def __init__(self, rank: int, host: str, total_bytes: int, chunk: int = 4 * MiB, window: int = 8,
+                 ipc: bool = False):
+        import os
+
         import numpy as np
         import zmq
 
-        self.rank, self.host, self.chunk, self.window = rank, host, chunk, window
+        self.rank, self.host, self.chunk, self.window, self.ipc = rank, host, chunk, window, ipc
         self.ctx = zmq.Context()
-        self.port = 0
+        self.port = 0  # TCP: the port; ipc: the number in the socket's name (shared with rank 0 either way)
         if rank == 1:  # bound at once on a port the OS picks: nothing can take it before rank 0 connects
             self.sock = self.ctx.socket(zmq.ROUTER)
-            self.port = self.sock.bind_to_random_port(f"tcp://{host}")
+            if ipc:
+                self.port = int.from_bytes(os.urandom(7), "little")
+                self.sock.bind(self._ipc_addr(self.port))
+            else:
+                self.port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
             self.sock = self.ctx.socket(zmq.DEALER)
             n = max(1, total_bytes // chunk)
             self.src = np.random.default_rng(0).integers(0, 256, n * chunk, dtype=np.uint8)
 
+    @staticmethod
+    def _ipc_addr(number: int) -> str:
+        return f"ipc://@pushpull-bench-echo-{number}"
+
     def connect(self, port: int) -> None:
         """Rank 0: connect to rank 1's port (learnt through push_pull)."""
         if self.rank == 0:
-            self.sock.connect(f"tcp://{self.host}:{port}")
+            self.sock.connect(self._ipc_addr(port) if self.ipc else f"tcp://{self.host}:{port}")
 
     def round(self, total_bytes: int, hot: bool = False) -> float:
         """Rank 0: seconds to bounce ``total_bytes`` there and back. Rank 1: echo them."""
@@ -119,7 +133,10 @@ def child_main(args) -> int:
     cfg = bps.config()
     sizes = resnet50_sizes()
     nbytes = sum(sizes) * 4
-    echo = ZmqEcho(rank, cfg.root_uri, nbytes) if rank in (0, 1) else None
+    # the echo takes the transport push_pull's workers reach their servers by (the same on every rank)
+    addrs = bps.engine().server_addrs if bps.engine() is not None else {}
+    ipc = bool(addrs) and all(a.startswith("ipc://") for a in addrs.values())
+    echo = ZmqEcho(rank, cfg.root_uri, nbytes, ipc=ipc) if rank in (0, 1) else None
     port = join_gloo_beside(echo.port if echo else 0)
     if echo:
         echo.connect(port)
@@ -163,7 +180,7 @@ def child_main(args) -> int:
         with open(args.out, "w") as f:
             json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zq, "zmq_hot_times": zh,
                        "zmq_bytes": moved, "bytes": nbytes, "tensors": len(tensors), "workers": size,
-                       "servers": cfg.num_server}, f)
+                       "servers": cfg.num_server, "transport": "ipc" if ipc else "tcp"}, f)
     dist.destroy_process_group()
     bps.shutdown()
     return 0
@@ -202,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "fraction_of_zmq_ceiling": pp_rate / ceiling["rate_Bps"],
         "zmq_hot_buffer_ceiling_GBps": hot_rate / 1e9, "fraction_of_hot_buffer_ceiling": pp_rate / hot_rate,
         "pushpull_times": r["pushpull_times"], "allreduce_times": r["allreduce_times"], "zmq_times": r["zmq_times"],
-        "zmq_hot_times": r["zmq_hot_times"],
+        "zmq_hot_times": r["zmq_hot_times"], "transport": r["transport"],
     }
     print(f"ResNet-50 gradients: {r['tensors']} tensors, {r['bytes'] / MiB:.1f} MiB, "
           f"{r['workers']} workers, {r['servers']} servers, median of {args.repeat}")
@@ -211,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio gloo / pushpull     {ar / pp:8.2f}x")
     print(f"  pushpull socket rate      {pp_rate / 1e9:8.2f} GB/s (2 x workers x bytes / time)")
     print(f"  raw pyzmq echo ceiling    {ceiling['rate_Bps'] / 1e9:8.2f} GB/s (ranks 0 and 1, same job, "
-          f"the same bytes)")
+          f"the same bytes, over {r['transport']} as push_pull)")
     print(f"  fraction of ceiling       {pp_rate / ceiling['rate_Bps']:8.2f}")
     print(f"  (one cache-hot 4 MiB buffer bounced instead: {hot_rate / 1e9:.2f} GB/s, "
           f"fraction {pp_rate / hot_rate:.2f})")

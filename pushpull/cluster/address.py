@@ -71,3 +71,13 @@ def bind_error(host: str, port: int, err: Exception) -> ConfigError:
     return ConfigError(f"cannot listen on {host}:{port} ({err}): it is not an address of this machine? Set "
                        f"DMLC_NODE_HOST / DMLC_PS_ROOT_URI to one, or PUSHPULL_BIND_HOST to the local address "
                        f"the advertised one is forwarded to")
+
+
+def server_address(server: dict, local_ipc: bool) -> str:
+    """Where a worker sends its pushes and pulls for ``server`` (its address book entry): the abstract Unix
+    socket a server on loopback offers (``ipc``, Van.bind_ipc) unless PUSHPULL_LOCAL_IPC=0 here, else its
+    TCP port. Loopback and an abstract socket are reached from the same network namespace, so a worker
+    that can reach the one can reach the other."""
+    if local_ipc and server.get("ipc"):
+        return str(server["ipc"])
+    return f"tcp://{server['host']}:{server['port']}"

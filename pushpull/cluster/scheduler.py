@@ -183,7 +183,7 @@ class Scheduler:
         self.ready = True
         self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
         servers = [{"rank": i, "host": s.info["host"], "port": s.info["port"],
-                    "lane": s.info.get("lane")} for i, s in enumerate(self.servers)]
+                    "lane": s.info.get("lane"), "ipc": s.info.get("ipc")} for i, s in enumerate(self.servers)]
         workers = [{"rank": r, "hostname": w.info.get("hostname"), "local_rank": w.info.get("local_rank"),
                     "pid": w.info.get("pid"), "local_reduce": w.info.get("local_reduce")}
                    for r, w in sorted(self.workers.items())]

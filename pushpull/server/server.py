@@ -85,6 +85,11 @@ class Server:
                                                   local=is_loopback(self.host), advertised=self.host)
             except OSError as e:
                 raise bind_error(listen, 0, e) from None
+        # workers on this host push and pull over an abstract Unix socket instead of loopback TCP (Van.bind_ipc)
+        if cfg.local_ipc and is_loopback(self.host):
+            ipc = self.van.bind_ipc(SOCK)
+            if ipc:
+                info["ipc"] = ipc
         self.member = Member(self.van, cfg, info,
                              on_registered=self._on_registered, on_message=self._scheduler_message)
         self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 import zmq
 
+from pushpull.cluster.address import server_address
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
 from pushpull.config import Config, WorkerIdentity, max_partition_bytes
@@ -67,6 +68,7 @@ class Engine:
         self._credit_set = False  # a strategy chose the credit: start() keeps it
         self._auto_window: AutoWindow | None = None  # kept while a strategy's own credit is in force
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
+        self.server_addrs: dict[str, str] = {}  # socket name -> the address its server is reached at
         self.num_servers = 0
         self.started = False
         self.direct: DirectPath | None = None  # blocking small calls on the caller's thread
@@ -133,9 +135,11 @@ class Engine:
                                  auth=self.van.auth,
                                  lanes={f"s{s['rank']}": str(s["lane"]) for s in book["servers"]
                                         if s.get("lane") and self.cfg.direct_lane})
+        # a server on this host's loopback may offer a Unix socket (PUSHPULL_LOCAL_IPC; Van.bind_ipc)
+        self.server_addrs = {f"s{s['rank']}": server_address(s, self.cfg.local_ipc) for s in book["servers"]}
         for s in book["servers"]:
-            self.van.connect_dealer(f"s{s['rank']}", f"tcp://{s['host']}:{s['port']}",
-                                    worker_identity(self.rank), self.kv.on_server_message)
+            self.van.connect_dealer(f"s{s['rank']}", self.server_addrs[f"s{s['rank']}"],
+                                    worker_identity(self.rank), self.kv.on_server_message, host=str(s["host"]))
         self._start_local_reduce(book)
         self.started = True
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)

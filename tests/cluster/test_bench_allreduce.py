@@ -35,6 +35,7 @@ def test_allreduce_bench_json_contract():
     assert math.isclose(d["fraction_of_hot_buffer_ceiling"],
                         d["pushpull_rate_GBps"] / d["zmq_hot_buffer_ceiling_GBps"])
     assert len(d["pushpull_times"]) == len(d["allreduce_times"]) == len(d["zmq_times"]) == 1
+    assert d["transport"] == "ipc" and "over ipc as push_pull" in r.stdout  # the ceiling's transport is push_pull's
 
 
 @pytest.mark.timeout(120)

@@ -31,7 +31,8 @@ def auto_job() -> str:
     return _run_stranger_job("auto")
 
 
-@pytest.mark.parametrize("what", ["REGISTER to the scheduler", "INIT to the server", "PUSH of a real key as rank 1"])
+@pytest.mark.parametrize("what", ["REGISTER to the scheduler", "INIT to the server", "PUSH of a real key as rank 1",
+                                  "PUSH on the server's local socket"])
 @pytest.mark.parametrize("creds", ["none", "another job's secret"])
 def test_stranger_gets_no_reply(auto_job, creds, what):
     assert f"no reply to a stranger ({creds}): {what}" in auto_job
@@ -49,7 +50,12 @@ def test_nodes_listen_only_on_the_advertised_address(auto_job, role):
 
 def test_stranger_gets_no_reply_with_curve_everywhere():
     out = _run_stranger_job("curve")
-    assert out.count("no reply to a stranger") == 6, out[-3000:]
+    assert out.count("no reply to a stranger") == 8, out[-3000:]
+    assert "worker 0 reaches server 0 at ipc://@" in out, out[-3000:]  # CURVE on the local socket too
+
+
+def test_workers_reach_a_server_on_loopback_by_its_local_socket(auto_job):
+    assert "worker 0 reaches server 0 at ipc://@" in auto_job, auto_job[-2000:]
 
 
 @pytest.mark.parametrize("role", ["scheduler", "server"])

@@ -104,12 +104,16 @@ if r == 0:
                 (srv["host"], srv["port"], [Header(MsgType.PUSH, sender=1, key=key, round=2, numel=8, nbytes=32,
                                                    dtype=dtype_code("float32"), flags=2).pack(),
                                             torch.full((8,), 1000.0).numpy().tobytes()],
-                 "PUSH of a real key as rank 1")]:
+                 "PUSH of a real key as rank 1"),
+                (None, srv.get("ipc"), [Header(MsgType.PUSH, sender=1, key=key, round=2, numel=8, nbytes=32,
+                                               dtype=dtype_code("float32"), flags=2).pack(),
+                                        torch.full((8,), 1000.0).numpy().tobytes()],
+                 "PUSH on the server's local socket")]:
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             if creds != "none":
-                JobAuth("not this job's secret", cfg.auth).connect(s, host)
-            s.connect(f"tcp://{host}:{port}")
+                JobAuth("not this job's secret", cfg.auth).connect(s, host or srv["host"])
+            s.connect(f"tcp://{host}:{port}" if host else port)  # no host: an ipc address (PUSHPULL_LOCAL_IPC)
             try:
                 s.send_multipart(parts, zmq.NOBLOCK)
             except zmq.Again:
@@ -119,6 +123,7 @@ if r == 0:
                 sys.exit(3)
             print(f"no reply to a stranger ({creds}): {what}")
             s.close(0)
+    print(f"worker 0 reaches server 0 at {eng.server_addrs['s0']} (the server offers {srv.get('ipc')})")
     # where the scheduler and the server listen: only the advertised loopback address, not 0.0.0.0
     ports = {cfg.root_port: "scheduler", int(srv["port"]): "server"}
     for line in open("/proc/net/tcp").read().splitlines()[1:] + open("/proc/net/tcp6").read().splitlines()[1:]:

@@ -55,3 +55,24 @@ def test_malformed_batches_raise_protocol_error(mangle, match):
     frames = pack_batch([[Header(MsgType.PULL, key=2).pack()], [Header(MsgType.PUSH, key=1).pack(), b"abcd"]])
     with pytest.raises(ProtocolError, match=match):
         unpack_batch(decode(mangle(frames)))
+
+
+SERVER = {"rank": 0, "host": "127.0.0.1", "port": 4242, "ipc": "ipc://@pushpull-server-1-ab"}
+
+
+def test_a_worker_reaches_a_server_by_the_local_socket_it_offers():
+    from pushpull.cluster.address import server_address
+
+    assert server_address(SERVER, local_ipc=True) == "ipc://@pushpull-server-1-ab"
+
+
+def test_a_worker_with_local_ipc_off_reaches_the_server_by_tcp():
+    from pushpull.cluster.address import server_address
+
+    assert server_address(SERVER, local_ipc=False) == "tcp://127.0.0.1:4242"
+
+
+def test_a_server_that_offers_no_local_socket_is_reached_by_tcp():
+    from pushpull.cluster.address import server_address
+
+    assert server_address({**SERVER, "ipc": None, "host": "10.0.0.2"}, local_ipc=True) == "tcp://10.0.0.2:4242"
