@@ -21,8 +21,8 @@ third process (a relay of a few lines started by rank 0: no pushpull code,
 plain sockets of the lane's kind), which sums them and answers both, first the
 one that sent first. That is a direct-lane round with nothing of the library
 in it, so its median and its p99 / median say what three processes on this
-machine get at best; gloo's all_reduce is the peer (two processes, no third).
-Every figure is printed with its p99 and p99 / median.
+machine get with almost no work per round; gloo's all_reduce is the peer (two
+processes, no third). Every figure is printed with its p99 and p99 / median.
 """
 from __future__ import annotations
 

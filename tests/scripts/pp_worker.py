@@ -142,7 +142,8 @@ def case_direct() -> None:
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     shaped = [("2d", lambda: base + r, lambda: n * base + sum(range(n))),
               ("0d", lambda: torch.tensor(float(r + 1)), lambda: torch.tensor(float(sum(k + 1 for k in range(n))))),
-              ("grad", lambda: torch.full((2,), float(r), requires_grad=True), lambda: torch.full((2,), float(sum(range(n))))),
+              ("grad", lambda: torch.full((2,), float(r), requires_grad=True),
+               lambda: torch.full((2,), float(sum(range(n))))),
               ("strided", lambda: (base + r).t(), lambda: (n * base + sum(range(n))).t()),
               ("bf16", lambda: torch.full((3,), float(r + 1), dtype=torch.bfloat16),
                lambda: torch.full((3,), float(sum(k + 1 for k in range(n))), dtype=torch.bfloat16))]
