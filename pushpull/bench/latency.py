@@ -15,6 +15,14 @@ median and p99 of each, the ratio push_pull / gloo, and the median round trip
 of one 4-byte message between ranks 0 and 1 over a raw socket of the lane's
 kind (a Unix socket on loopback, else TCP) and over raw pyzmq: a push_pull is
 at least one such round trip (worker -> server -> worker).
+
+The bound of a push_pull's shape: ranks 0 and 1 each send one float to a
+third process (a relay of a few lines started by rank 0: no pushpull code,
+plain sockets of the lane's kind), which sums them and answers both, first the
+one that sent first. That is a direct-lane round with nothing of the library
+in it, so its median and its p99 / median say what three processes on this
+machine get with almost no work per round; gloo's all_reduce is the peer (two
+processes, no third). Every figure is printed with its p99 and p99 / median.
 """
 from __future__ import annotations
 
@@ -133,6 +141,120 @@ class SockPing:
         self.sock.close()
 
 
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return data
+
+
+def relay_main(fd: int) -> int:
+    """The relay process of :class:`RelayPing`: accept ranks 0 and 1 on the listening socket ``fd`` (each
+    says its rank in one byte), then per round read one float from each, in the order they arrive, and
+    answer the sum to both, the first sender first. Ends when a client closes."""
+    import select
+    import socket
+    import struct
+
+    listener = socket.socket(fileno=fd)
+    listener.settimeout(60)
+    clients = {}
+    while len(clients) < 2:
+        c, _ = listener.accept()
+        c.settimeout(60)
+        clients[_recv_exact(c, 1)[0]] = c
+    listener.close()
+    socks = [clients[0], clients[1]]
+    f32 = struct.Struct("<f")
+    try:
+        while True:
+            order = []
+            while len(order) < 2:  # whichever pushed first is read (and answered) first, as the server does
+                ready, _, _ = select.select([c for c in socks if c not in order], [], [], 60)
+                if not ready:
+                    raise TimeoutError("relay: no float from a client within 60 s")
+                order.extend(ready)
+            total = f32.pack(sum(f32.unpack(_recv_exact(c, 4))[0] for c in order))
+            for c in order:
+                c.sendall(total)
+    except ConnectionError:
+        return 0
+    finally:
+        for c in socks:
+            c.close()
+
+
+class RelayPing:
+    """Ranks 0 and 1 each send one float to a relay process that sums them and answers both: the shape of a
+    push_pull over the direct lane (two workers, a third process), without pushpull. Rank 0 starts the relay
+    (on its listening socket, passed down) and times the rounds."""
+
+    def __init__(self, rank: int, host: str):
+        import os
+        import socket
+        import subprocess
+
+        from pushpull.transport.security import is_loopback
+
+        self.rank = rank
+        self.host = host
+        self.unix = is_loopback(host) and sys.platform.startswith("linux")
+        self.sock = None
+        self.proc = None
+        self.name = ""
+        if rank == 0:
+            listener = socket.socket(socket.AF_UNIX if self.unix else socket.AF_INET, socket.SOCK_STREAM)
+            if self.unix:
+                self.name = f"pushpull-bench-relay-{os.getpid()}-{os.urandom(6).hex()}"
+                listener.bind("\0" + self.name)
+            else:
+                listener.bind((host, 0))
+                self.name = str(listener.getsockname()[1])
+            listener.listen(2)
+            self.proc = subprocess.Popen([sys.executable, "-m", "pushpull.bench.latency", "--relay",
+                                          str(listener.fileno())], pass_fds=[listener.fileno()])
+            listener.close()
+
+    def address(self) -> str:
+        return self.name
+
+    def connect(self, address: str) -> None:
+        import socket
+
+        if self.unix:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(60)
+            self.sock.connect("\0" + address)
+        else:
+            self.sock = socket.create_connection((self.host, int(address)), timeout=60)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(bytes([self.rank]))
+
+    def rounds(self, n: int) -> list[float]:
+        out = []
+        one = b"\x00\x00\x80\x3f"  # 1.0 as a little-endian float32
+        for _ in range(n):
+            t0 = time.perf_counter()
+            self.sock.sendall(one)
+            _recv_exact(self.sock, 4)
+            out.append(time.perf_counter() - t0)
+        return out if self.rank == 0 else []
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.proc is not None:
+            import subprocess
+
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def child_main(args) -> int:
     import torch
     import torch.distributed as dist
@@ -143,20 +265,24 @@ def child_main(args) -> int:
     cfg = bps.config()
     ping = ZmqPing(bps.rank(), cfg.root_uri) if bps.rank() in (0, 1) else None
     sping = SockPing(bps.rank(), cfg.root_uri) if bps.rank() in (0, 1) else None
+    relay = RelayPing(bps.rank(), cfg.root_uri) if bps.rank() in (0, 1) else None
     port = join_gloo_beside(ping.port if ping else 0)
     if ping:
         ping.connect(port)
-        # rank 1's socket address, sent to rank 0 over the zmq ping's socket (bound and connected now)
+        # rank 0's relay address to rank 1 and rank 1's socket address to rank 0, over the zmq ping's socket
+        # (bound and connected now)
         if bps.rank() == 1:
-            ident, msg = ping.sock.recv_multipart()
+            ident, relay_address = ping.sock.recv_multipart()
             ping.sock.send_multipart([ident, sping.address().encode()])
+            relay.connect(relay_address.decode())
         else:
-            ping.sock.send(b"address?")
+            ping.sock.send(relay.address().encode())
             address = ping.sock.recv().decode()
+            relay.connect(relay.address())
         sping.connect(address if bps.rank() == 0 else "")
     rank, size = bps.rank(), bps.size()
     x = torch.ones(1)
-    pp, pz, pe, ar, zp, sp = [], [], [], [], [], []
+    pp, pz, pe, ar, zp, sp, rp = [], [], [], [], [], [], []
     eng = bps.engine()
     direct_cfg, engine_cfg = eng.cfg, eng.cfg.replace(direct_bytes=0)
     lanes = bool(eng.direct and eng.direct.lanes)
@@ -190,6 +316,7 @@ def child_main(args) -> int:
         dist.barrier()
         ztimes = ping.rounds(block) if ping else []
         stimes = sping.rounds(block) if sping else []
+        rtimes = relay.rounds(block) if relay else []
         if b:
             pp += runs["direct"]
             pz += runs.get("direct_zmq", [])
@@ -197,15 +324,17 @@ def child_main(args) -> int:
             ar += gtimes
             zp += ztimes
             sp += stimes
+            rp += rtimes
     dist.barrier()
     if ping:
         ping.close()
         sping.close()
+        relay.close()
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"pushpull_times": pp, "direct_zmq_times": pz, "engine_times": pe, "allreduce_times": ar,
                        "direct_calls": direct_calls, "zmq_times": zp,
-                       "sock_times": sp, "lane": eng.direct.lanes.get("s0") if lanes else None,
+                       "sock_times": sp, "relay_times": rp, "lane": eng.direct.lanes.get("s0") if lanes else None,
                        "workers": size, "servers": cfg.num_server}, f)
     dist.destroy_process_group()
     bps.shutdown()
@@ -213,13 +342,15 @@ def child_main(args) -> int:
 
 
 def summarize(r: dict) -> dict:
-    pp, ar, zp = r["pushpull_times"], r["allreduce_times"], r["zmq_times"]
+    pp, ar = r["pushpull_times"], r["allreduce_times"]
     res = {"workers": r["workers"], "servers": r["servers"], "calls": len(pp),
            "pushpull_median_us": statistics.median(pp) * 1e6, "pushpull_p99_us": _pct(pp, 0.99) * 1e6,
-           "allreduce_median_us": statistics.median(ar) * 1e6, "allreduce_p99_us": _pct(ar, 0.99) * 1e6,
-           "zmq_roundtrip_median_us": statistics.median(zp) * 1e6 if zp else None}
-    sp = r.get("sock_times") or []
-    res["sock_roundtrip_median_us"] = statistics.median(sp) * 1e6 if sp else None
+           "allreduce_median_us": statistics.median(ar) * 1e6, "allreduce_p99_us": _pct(ar, 0.99) * 1e6}
+    res["allreduce_p99_over_median"] = res["allreduce_p99_us"] / res["allreduce_median_us"]
+    for name, key in (("zmq_roundtrip", "zmq_times"), ("sock_roundtrip", "sock_times"), ("relay", "relay_times")):
+        xs = r.get(key) or []
+        res[f"{name}_median_us"] = statistics.median(xs) * 1e6 if xs else None
+        res[f"{name}_p99_us"] = _pct(xs, 0.99) * 1e6 if xs else None
     pz = r.get("direct_zmq_times") or []
     if pz:
         res["direct_zmq_median_us"] = statistics.median(pz) * 1e6
@@ -245,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="last line: one JSON object with the results")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--relay", type=int, help=argparse.SUPPRESS)  # the relay process (its listening socket's fd)
     args = p.parse_args(argv)
+    if args.relay is not None:
+        return relay_main(args.relay)
     if args.child:
         return child_main(args)
     if args.workers < 2:
@@ -256,24 +390,30 @@ def main(argv: list[str] | None = None) -> int:
     if r is None:
         return 1
     res = summarize(r)
+
+    def line(label: str, med: float, p99: float, note: str = "") -> None:
+        print(f"  {label:22s} median {med:7.0f} us   p99 {p99:7.0f} us   p99/median {p99 / med:5.2f}{note}")
+
     print(f"one float, {res['workers']} workers, {res['servers']} server(s), {res['calls']} calls each")
-    print(f"  push_pull (pushpull)   median {res['pushpull_median_us']:7.0f} us   p99 {res['pushpull_p99_us']:7.0f} us"
-          + (f"   (direct path, over the {res['lane'].split(':')[0]} lane)" if res["lane"] else "   (direct path, ZeroMQ)"))
+    line("push_pull (pushpull)", res["pushpull_median_us"], res["pushpull_p99_us"],
+         f"   (direct path, over the {res['lane'].split(':')[0]} lane)" if res["lane"] else "   (direct path, ZeroMQ)")
     if "direct_zmq_median_us" in res:
-        print(f"  direct over ZeroMQ     median {res['direct_zmq_median_us']:7.0f} us   p99 "
-              f"{res['direct_zmq_p99_us']:7.0f} us   (PUSHPULL_DIRECT_LANE=0)")
+        line("direct over ZeroMQ", res["direct_zmq_median_us"], res["direct_zmq_p99_us"], "   (PUSHPULL_DIRECT_LANE=0)")
     if "engine_median_us" in res:
-        print(f"  through the engine     median {res['engine_median_us']:7.0f} us   p99 {res['engine_p99_us']:7.0f} us"
-              f"   (PUSHPULL_DIRECT_BYTES=0; the call above took the direct path {res['direct_calls']} times)")
-    print(f"  all_reduce (gloo)      median {res['allreduce_median_us']:7.0f} us   p99 {res['allreduce_p99_us']:7.0f} us")
+        line("through the engine", res["engine_median_us"], res["engine_p99_us"],
+             f"   (PUSHPULL_DIRECT_BYTES=0; the call above took the direct path {res['direct_calls']} times)")
+    line("all_reduce (gloo)", res["allreduce_median_us"], res["allreduce_p99_us"], "   (the peer)")
     print(f"  ratio pushpull / gloo  {res['ratio_vs_allreduce']:.2f}x   (pushpull p99 / median "
-          f"{res['p99_over_median']:.2f})")
+          f"{res['p99_over_median']:.2f}; gloo's {res['allreduce_p99_over_median']:.2f})")
+    if res["relay_median_us"] is not None:
+        line("relay of 3 processes", res["relay_median_us"], res["relay_p99_us"],
+             "   (bound: ranks 0 and 1 -> a relay summing -> both, plain sockets of the lane's kind, no pushpull)")
     if res["sock_roundtrip_median_us"] is not None:
-        print(f"  raw socket round trip  median {res['sock_roundtrip_median_us']:7.0f} us (rank 0 <-> rank 1 over a "
-              f"plain socket of the lane's kind: the floor of a lane exchange)")
+        line("raw socket round trip", res["sock_roundtrip_median_us"], res["sock_roundtrip_p99_us"],
+             "   (rank 0 <-> rank 1 over a plain socket of the lane's kind: the floor of a lane exchange)")
     if res["zmq_roundtrip_median_us"] is not None:
-        print(f"  raw pyzmq round trip   median {res['zmq_roundtrip_median_us']:7.0f} us (rank 0 <-> rank 1: "
-              f"the floor of one worker -> server -> worker exchange)")
+        line("raw pyzmq round trip", res["zmq_roundtrip_median_us"], res["zmq_roundtrip_p99_us"],
+             "   (rank 0 <-> rank 1: the floor of one exchange over ZeroMQ)")
     if args.json:
         print(json.dumps(res))
     return 0

@@ -467,7 +467,8 @@ def reduce_now(tensor: torch.Tensor, output: torch.Tensor | None, average: bool,
             and spec.op != "concat" and spec.readers is None):
         out = st.engine.push_pull_now(tensor, output, key + st.name_suffix, average, sig, spec)
         if out is not None:
-            release_key(key)
+            if st.noname_keys:  # a named key holds no slot
+                release_key(key)
             return out
     return synchronize(submit_key(tensor, output, average, key, 0, compression, spec, sig))
 

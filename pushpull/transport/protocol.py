@@ -170,6 +170,17 @@ class Header:
         return cls(typ, sender, key, rnd, dt, numel, nbytes, req_id, flags, extra, gen)
 
 
+def is_answer(buf, typ: int, key: int, rnd: int, gen: int) -> bool:
+    """Whether ``buf`` is a well-formed header of a ``typ`` message for round ``rnd`` of ``key`` in generation
+    ``gen``, with an uncompressed body: the direct path's test of the answer it waits for, read from the
+    header's fields without building a :class:`Header` (whatever fails it goes through :func:`decode`)."""
+    if len(buf) != HEADER_SIZE:
+        return False
+    magic, ver, t, _, flags, _, k, r, _, _, _, _, g = _HDR.unpack(buf)
+    return (t == typ and k == key and r == rnd and g == gen and magic == MAGIC and ver == VERSION
+            and not flags & Flags.COMPRESSED)
+
+
 @dataclass
 class Msg:
     header: Header

@@ -32,7 +32,7 @@ from pushpull.cluster.nodes import worker_identity
 from pushpull.transport.lane import LaneClient, lane_key
 from pushpull.transport.van import tcp_host
 from pushpull.transport.protocol import (
-    Flags, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
+    Flags, Header, MsgType, ProtocolError, decode, decode_json, is_answer, unpack_batch,
 )
 
 _recv = zmq.backend.Socket.recv
@@ -202,6 +202,11 @@ class DirectPath:
     def _answer(frames: list, header: Header, want: MsgType):
         """The body of the answer to ``header`` in ``frames`` (one received message), or None when it is
         something else (malformed, or late for an earlier call)."""
+        if len(frames) == 2:  # the usual answer (header, body), tested on the header's fields
+            first, body = frames
+            if is_answer(first if first.__class__ is memoryview else first.buffer, want, header.key, header.round,
+                         header.gen):
+                return body if body.__class__ is memoryview else body.buffer
         try:
             msg = decode(frames)
             msgs = unpack_batch(msg) if msg.header.type is MsgType.BATCH else (msg,)

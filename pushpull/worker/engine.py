@@ -36,8 +36,8 @@ from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
 from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED, DTYPE_NAME: the API's names
-    DTYPE_NAME, FAILED, INITING, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition, TensorTable,
-    raw_bytes,
+    DTYPE_NAME, FAILED, INITING, NP_VIEW, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition,
+    TensorTable, raw_bytes,
 )
 from pushpull.worker.window import AutoWindow
 
@@ -352,12 +352,13 @@ class Engine:
         one already in flight): the caller then submits it as usual."""
         direct = self.direct
         e = self.entries.get(name)
-        if (direct is None or direct.closed or self.cfg.direct_bytes <= 0 or e is None or e.state is not READY or len(e.parts) != 1
-                or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
-                or e.spec != spec or spec.op == "concat" or spec.readers is not None
-                or self.pipeline.tracer is not None or tensor.device.type != "cpu" or tensor.dtype != e.dtype
-                or tuple(tensor.shape) != e.shape or self.member.failure
-                or (output is not None and (output.device.type != "cpu" or not output.is_contiguous()))):
+        # cheapest tests first; a tensor's shape is a torch.Size (a tuple): compared without a copy
+        if (e is None or e.state is not READY or direct is None or direct.closed or self.cfg.direct_bytes <= 0
+                or len(e.parts) != 1 or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
+                or (e.spec is not spec and e.spec != spec) or spec.op == "concat" or spec.readers is not None
+                or self.pipeline.tracer is not None or not tensor.is_cpu or tensor.dtype != e.dtype
+                or tensor.shape != e.shape or self.member.failure
+                or (output is not None and (not output.is_cpu or not output.is_contiguous()))):
             return None
         with self.table_lock:
             if e.busy or e.state is not READY:
@@ -379,15 +380,23 @@ class Engine:
                        average: bool, sig: int = 0) -> torch.Tensor:
         """The exchange itself, with ``e`` marked busy; every way of not getting the sum raises."""
         direct = self.direct
-        src = tensor.detach().contiguous()
+        src = tensor.detach() if tensor.requires_grad else tensor
+        if not src.is_contiguous():
+            src = src.contiguous()
         out = torch.empty_like(src) if output is None else output
         p = e.parts[0]
         e.round += 1
-        header = Header(MsgType.PUSH, sender=self.rank, key=p.key, round=e.round, dtype=e.code, gen=self.gen,
-                        numel=p.nbytes // e.itemsize, nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK, req_id=sig)
         gen = self.gen
+        # one header per entry, reused: only the sender, round, generation and signature change per call
+        header = e.direct_header
+        if header is None or header.key != p.key:
+            header = e.direct_header = Header(MsgType.PUSH, key=p.key, dtype=e.code, numel=p.nbytes // e.itemsize,
+                                              nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
+        header.sender, header.round, header.gen, header.req_id = self.rank, e.round, gen, sig
+        # the payload: the tensor's own memory (any contiguous NumPy array is a buffer of its bytes)
+        payload = src.numpy() if e.dtype in NP_VIEW else raw_bytes(src)
         try:
-            buf = direct.exchange(p.sock, header, raw_bytes(src), self.cfg.timeout,
+            buf = direct.exchange(p.sock, header, payload, self.cfg.timeout,
                                   lambda: self.member.failure or (None if self.gen == gen else "the workers changed"))
         except TimeoutError:
             raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "

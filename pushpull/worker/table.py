@@ -22,7 +22,7 @@ from pushpull.worker.handle import Handle
 # the dtypes a push_pull carries, and their names (pushpull.dtypes)
 DTYPE_NAME = {t: d.name for t, d in dtypes.torch_table().items() if d.header is not None}
 SUPPORTED = set(DTYPE_NAME)
-_NP_VIEW = {t for t, n in DTYPE_NAME.items() if dtypes.BY_NAME[n].np_native is not None}
+NP_VIEW = {t for t, n in DTYPE_NAME.items() if dtypes.BY_NAME[n].np_native is not None}  # dtypes NumPy has
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def describe_spec(spec: KeySpec) -> str:
 def raw_bytes(t: torch.Tensor) -> np.ndarray:
     """A writable uint8 NumPy view of a contiguous CPU tensor's memory (through NumPy when it has
     the dtype: half the cost of torch's reshape and view, paid per tensor per step)."""
-    if t.dtype in _NP_VIEW:
+    if t.dtype in NP_VIEW:
         return t.numpy().reshape(-1).view(np.uint8)
     return t.reshape(-1).view(torch.uint8).numpy()
 
@@ -124,6 +124,7 @@ class Entry:
     itemsize: int = 1
     code: int = 0           # wire dtype code
     spec: KeySpec = PLAIN
+    direct_header: object = None  # the direct path's PUSH header, reused call after call (engine.push_pull_now)
 
 
 class Op:

@@ -46,11 +46,14 @@ def test_latency_bench_json_contract():
                         "--json"], capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "ratio pushpull / gloo" in r.stdout and "raw pyzmq round trip" in r.stdout
+    assert "relay of 3 processes" in r.stdout
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert (d["workers"], d["servers"], d["calls"]) == (2, 1, 40)
     for k in ("pushpull_median_us", "pushpull_p99_us", "allreduce_median_us", "allreduce_p99_us",
-              "zmq_roundtrip_median_us"):
+              "zmq_roundtrip_median_us", "relay_median_us", "relay_p99_us"):
         assert d[k] > 0, k
+    assert d["relay_p99_us"] >= d["relay_median_us"]
+    assert math.isclose(d["allreduce_p99_over_median"], d["allreduce_p99_us"] / d["allreduce_median_us"])
     assert d["pushpull_p99_us"] >= d["pushpull_median_us"] and d["allreduce_p99_us"] >= d["allreduce_median_us"]
     assert math.isclose(d["ratio_vs_allreduce"], d["pushpull_median_us"] / d["allreduce_median_us"])
     assert math.isclose(d["p99_over_median"], d["pushpull_p99_us"] / d["pushpull_median_us"])

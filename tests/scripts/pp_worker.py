@@ -137,7 +137,21 @@ def case_direct() -> None:
         expect_equal(f"direct.inplace {i}", x, torch.full((4,), float(sum(k + 1 for k in range(n)))))
         h = bps.push_pull_async(torch.full((4,), float(r)), average=False, name="direct.inplace")
         expect_equal(f"direct.inplace async {i}", bps.synchronize(h), torch.full((4,), float(sum(range(n)))))
-    if eng is not None and eng.stats["direct_calls"] - before < 10:
+    # the payload is the tensor's own memory: shapes, a 0-d tensor, one that requires grad, a strided view,
+    # and a dtype NumPy lacks (bfloat16) must all arrive whole
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    shaped = [("2d", lambda: base + r, lambda: n * base + sum(range(n))),
+              ("0d", lambda: torch.tensor(float(r + 1)), lambda: torch.tensor(float(sum(k + 1 for k in range(n))))),
+              ("grad", lambda: torch.full((2,), float(r), requires_grad=True),
+               lambda: torch.full((2,), float(sum(range(n))))),
+              ("strided", lambda: (base + r).t(), lambda: (n * base + sum(range(n))).t()),
+              ("bf16", lambda: torch.full((3,), float(r + 1), dtype=torch.bfloat16),
+               lambda: torch.full((3,), float(sum(k + 1 for k in range(n))), dtype=torch.bfloat16))]
+    for label, make, want in shaped:
+        for i in range(3):
+            got = bps.push_pull(make(), average=False, name=f"direct.{label}")
+            expect_equal(f"direct.{label} {i}", got.detach(), want())
+    if eng is not None and eng.stats["direct_calls"] - before < 10 + 2 * len(shaped):
         fail(f"only {eng.stats['direct_calls'] - before} of the blocking calls took the direct path")
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from pushpull.transport.protocol import (
-    HEADER_SIZE, Header, MsgType, ProtocolError, decode, dtype_code, dtype_name, pack_batch, unpack_batch,
+    HEADER_SIZE, Flags, Header, MsgType, ProtocolError, decode, dtype_code, dtype_name, is_answer, pack_batch,
+    unpack_batch,
 )
 
 
@@ -26,6 +27,24 @@ def test_header_round_trip():
 def test_malformed_headers_raise_protocol_error(buf, match):
     with pytest.raises(ProtocolError, match=match):
         decode([buf])
+
+
+def _answer(**kw) -> bytes:
+    return Header(MsgType.PULL_RESP, **{"key": 7, "round": 3, "gen": 2, **kw}).pack()
+
+
+def test_is_answer_accepts_the_awaited_answer():
+    assert is_answer(memoryview(_answer()), MsgType.PULL_RESP, 7, 3, 2)
+
+
+@pytest.mark.parametrize("buf", [
+    _answer(key=8), _answer(round=2), _answer(gen=1), _answer(flags=Flags.COMPRESSED),
+    Header(MsgType.ERROR, key=7, round=3, gen=2).pack(), _answer()[:-1], b"\x00" * HEADER_SIZE,
+    _answer()[:2] + b"\x09" + _answer()[3:],
+], ids=["other key", "other round", "older generation", "compressed", "error", "short", "bad magic", "version"])
+def test_is_answer_refuses_anything_else(buf):
+    """Whatever it refuses goes through decode(), which raises, skips or reports it as before."""
+    assert not is_answer(buf, MsgType.PULL_RESP, 7, 3, 2)
 
 
 def test_unknown_dtype_is_named():
