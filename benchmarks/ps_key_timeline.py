@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     env = {"PUSHPULL_TRACE_ON": "1", "PUSHPULL_TRACE_DIR": f"{tmp}/trace",
            "PUSHPULL_TRACE_START_STEP": str(TRACE_STEP), "PUSHPULL_TRACE_END_STEP": str(TRACE_STEP),
            # BytePS's default key size scaled with the model, as the grid does
-           "BYTEPS_PARTITION_BYTES": str(scaled_ps_partition_bytes(size_scale))}
+           "BYTEPS_PARTITION_BYTES": str(scaled_ps_partition_bytes(size_scale, n))}
     env.update(dict(kv.split("=", 1) for kv in args.env))
     with EmulatedCluster(hosts, rate=args.rate, congestion=None if args.congestion == "inherit" else args.congestion) as c:
         if not c.emulated:

@@ -254,7 +254,7 @@ def main(argv=None) -> int:
     rate_Bps = parse_bandwidth(args.rate)
     compute_scale = args.ratio * (grad_bytes / rate_Bps) / prof.compute_s
     tmp = tempfile.mkdtemp(prefix="ps-slow-steps-")
-    env = {"BYTEPS_PARTITION_BYTES": str(scaled_ps_partition_bytes(size_scale))}  # as the grid scales it
+    env = {"BYTEPS_PARTITION_BYTES": str(scaled_ps_partition_bytes(size_scale, n))}  # as the grid scales it (k = n)
     if args.server_trace:  # a tensor's round r is step r - 1: rounds WARM + 1 .. of the timed steps
         env.update({"PUSHPULL_TRACE_ON": "1", "PUSHPULL_TRACE_DIR": f"{tmp}/trace",
                     "PUSHPULL_TRACE_START_STEP": str(WARM), "PUSHPULL_TRACE_END_STEP": str(WARM + args.steps)})

@@ -111,12 +111,7 @@ class SockPing:
         import socket
 
         if self.rank == 0:
-            if self.unix:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.settimeout(60)
-                self.sock.connect("\0" + address)
-            else:
-                self.sock = socket.create_connection((self.host, int(address)), timeout=60)
+            self.sock = _dial(self.unix, self.host, address)
         else:
             self.listener.settimeout(60)
             self.sock, _ = self.listener.accept()
@@ -139,6 +134,19 @@ class SockPing:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _dial(unix: bool, host: str, address: str):
+    """A connected stream socket to ``address``: an abstract Unix socket's name, or a TCP port on ``host``
+    (60 s timeout either way)."""
+    import socket
+
+    if unix:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(60)
+        sock.connect("\0" + address)
+        return sock
+    return socket.create_connection((host, int(address)), timeout=60)
 
 
 def _recv_exact(sock, n: int) -> bytes:
@@ -224,12 +232,8 @@ class RelayPing:
     def connect(self, address: str) -> None:
         import socket
 
-        if self.unix:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(60)
-            self.sock.connect("\0" + address)
-        else:
-            self.sock = socket.create_connection((self.host, int(address)), timeout=60)
+        self.sock = _dial(self.unix, self.host, address)
+        if not self.unix:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(bytes([self.rank]))
 
