@@ -28,8 +28,13 @@ Tracks (one Chrome "thread" each):
 Categories drive ``pushpull timeline summarize``: ``compute`` minus ``wait`` is
 computation, ``comm`` is communication.
 
-The file is rewritten atomically at the end of every traced step, at exit and
-on SIGTERM, so it is valid JSON whenever the job stops.
+The file is rewritten atomically at the end of the traced window, at exit and
+on SIGTERM, so it is valid JSON whenever the job stops; inside the window at
+most every ``FLUSH_EVERY_S`` seconds (a step's end), because a rewrite runs on
+the training thread and costs time in proportion to everything recorded so far:
+rewritten after every step, it lengthened the traced steps themselves
+(docs/results/simulator.md, why ``partition_only``'s tries differ). A job
+killed with SIGKILL loses at most the last ``FLUSH_EVERY_S`` seconds.
 """
 from __future__ import annotations
 
@@ -43,6 +48,8 @@ import time
 from pathlib import Path
 
 from pushpull.timeline import TraceWriter
+
+FLUSH_EVERY_S = 10.0  # inside the traced window, the file is rewritten at most this often
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,7 @@ class Tracer:
         self._parts: dict[int, list] = {}
         self._resp: dict[int, float] = {}
         self._window_start = 0.0
+        self._last_flush = time.perf_counter()
         if start_step == 0:
             self._set_on(True)
 
@@ -110,7 +118,8 @@ class Tracer:
             return
         if self.on:
             self._emit_step(now)
-            self.flush()
+            if now - self._last_flush >= FLUSH_EVERY_S:
+                self.flush()
         self.step_index += 1
         self._step_t0 = now
         self._syncs = []
@@ -168,6 +177,7 @@ class Tracer:
             self.writer.instant(track, name, args=args or None)
 
     def flush(self) -> None:
+        self._last_flush = time.perf_counter()
         try:
             self.writer.flush()
         except OSError as e:

@@ -55,6 +55,26 @@ def test_tracer_steps_window_and_explicit_counting(tmp_path):
     assert len(tl.load_trace(tmp_path / "t.json")[0]) == len(ev)  # nothing after the window
 
 
+def test_tracer_does_not_rewrite_the_file_after_every_traced_step(tmp_path):
+    """A rewrite costs the training thread time in proportion to everything recorded: inside the window the
+    file is rewritten at most every FLUSH_EVERY_S seconds, and in full when the window closes."""
+    path = tmp_path / "t.json"
+    tr = trace.Tracer(path, rank=0, start_step=0, end_step=3)
+    tr.flush()                          # what install() does: a valid, empty file
+    before = path.stat().st_mtime_ns
+    tr.end_step(explicit=True)          # step 0 ends, well within FLUSH_EVERY_S
+    assert path.stat().st_mtime_ns == before
+    assert not [e for e in tl.load_trace(path)[0] if e.get("cat") == "step"]
+
+
+def test_tracer_rewrites_the_file_once_flush_every_s_has_passed(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    tr = trace.Tracer(path, rank=0, start_step=0, end_step=3)
+    monkeypatch.setattr(trace, "FLUSH_EVERY_S", 0.0)
+    tr.end_step(explicit=True)          # step 0 ends: due
+    assert [e["args"]["step"] for e in tl.load_trace(path)[0] if e.get("cat") == "step"] == [0]
+
+
 def test_module_helpers_are_noops_when_off():
     assert trace.current is None and trace.TRACER is None
     with trace.span("x", "y"):
