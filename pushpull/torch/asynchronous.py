@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from pushpull.torch import ops
+from pushpull.torch.hooks import register_step_callback, step_done
 from pushpull.worker.engine import KeySpec
 
 STORE = KeySpec(kind="async", op="store")
@@ -55,7 +56,9 @@ class _AsyncOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if ops.engine() is None:
-            return super(self.__class__, self).step(closure)  # type: ignore[misc]
+            result = super(self.__class__, self).step(closure)  # type: ignore[misc]
+            step_done(self)
+            return result
         before = {p: p.detach().clone() for p in self._keys}
         result = super(self.__class__, self).step(closure)  # type: ignore[misc]
         handles = [(p, ops.submit_key(p.detach() - before[p], None, False, key, 0, None, STORE))
@@ -64,7 +67,10 @@ class _AsyncOptimizer(torch.optim.Optimizer):
             for p, h in handles:  # the servers' parameters, with every worker's deltas so far
                 p.copy_(ops.synchronize(h))
         self.pushes += 1
+        step_done(self)
         return result
+
+    register_step_callback = register_step_callback
 
 
 def AsyncOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None) -> torch.optim.Optimizer:

@@ -1,4 +1,4 @@
-"""Step callbacks of pushpull's optimizer wrappers (DistributedOptimizer, ScheduledOptimizer).
+"""Step callbacks of pushpull's optimizer wrappers (DistributedOptimizer, ScheduledOptimizer, AsyncOptimizer).
 
 Why not ``torch.optim.Optimizer.register_step_post_hook``: the wrappers are subclasses of the user's
 optimizer class whose ``step`` calls the original one, and torch runs post hooks around both, so such a
@@ -8,6 +8,8 @@ The auto-tuner times steps with it; a user can log or checkpoint with it.
 from __future__ import annotations
 
 from typing import Callable
+
+from pushpull.worker import trace as _trace
 
 _ATTR = "_pushpull_step_callbacks"
 
@@ -28,3 +30,13 @@ def register_step_callback(self, fn: Callable[[], None]) -> Callable[[], None]:
 def run_step_callbacks(opt) -> None:
     for fn in list(opt.__dict__.get(_ATTR, ())):
         fn()
+
+
+def step_done(opt) -> None:
+    """A wrapper's ``step()`` ended: the timeline (PUSHPULL_TRACE_ON) counts one step, unless the program
+    counts them itself with ``trace_step()``, then the registered callbacks run. One function for every
+    wrapper, so that each of them opens and closes the traced window (layer-wise and asynchronous training
+    included)."""
+    if _trace.TRACER is not None:
+        _trace.TRACER.end_step()
+    run_step_callbacks(opt)

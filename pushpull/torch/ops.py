@@ -499,7 +499,7 @@ def declare(name: str, tensor: torch.Tensor | None = None) -> None:
 def trace_step() -> None:
     """Mark the end of a training step for the timeline (PUSHPULL_TRACE_ON).
 
-    Optional: DistributedOptimizer.step() counts steps by itself; once this is
+    Optional: the optimizer wrappers' step() counts steps by itself; once this is
     called, only these calls count (for loops with several optimizers or none)."""
     _trace.step()
 

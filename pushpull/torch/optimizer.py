@@ -21,7 +21,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
-from pushpull.torch.hooks import register_step_callback, run_step_callbacks
+from pushpull.torch.hooks import register_step_callback, step_done
 from pushpull.torch.strategies import make_strategy
 from pushpull.worker import trace as _trace
 
@@ -206,9 +206,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.rounds += 1
         if self._backup:
             self.catch_up()
-        if _trace.TRACER is not None:  # one step ends here (or at pushpull.torch.trace_step())
-            _trace.TRACER.end_step()
-        run_step_callbacks(self)
+        step_done(self)  # the timeline's step ends here (or at pushpull.torch.trace_step()), then callbacks
         return result
 
     register_step_callback = register_step_callback

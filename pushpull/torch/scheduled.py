@@ -34,7 +34,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
-from pushpull.torch.hooks import register_step_callback, run_step_callbacks
+from pushpull.torch.hooks import register_step_callback, step_done
 from pushpull.torch.strategies import make_strategy
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class _ScheduledOptimizer(torch.optim.Optimizer):
         """Submit what backward did not, and return without waiting: updates are
         applied as reductions arrive (here if already back, else in forward pre-hooks)."""
         loss = self._pp_step(closure)
-        run_step_callbacks(self)
+        step_done(self)
         return loss
 
     register_step_callback = register_step_callback

@@ -7,7 +7,8 @@ each of them pays exactly one attribute check (``trace.current is None`` in the
 training code, ``Pipeline.tracer is None`` on the I/O thread, handed in by
 ``Engine.set_tracer``).
 
-Steps are counted by ``DistributedOptimizer.step()`` (one call = one step) or,
+Steps are counted by the optimizer wrappers' ``step()`` (DistributedOptimizer, ScheduledOptimizer,
+AsyncOptimizer: ``pushpull.torch.hooks.step_done``; one call = one step) or,
 once a program calls :func:`step` (``pushpull.torch.trace_step()``) itself,
 only by those explicit calls. Step 0 starts at ``init()``.
 
