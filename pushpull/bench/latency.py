@@ -6,7 +6,10 @@ Why a benchmark of its own: a model with hundreds of small tensors, or a loop
 that averages a metric every step, pays this per call, and the bandwidth
 benchmarks hide it. Every worker reduces one float ``--iters`` times back to
 back (each call waits for the previous one), interleaved in blocks with gloo
-so that both see the same machine load; push_pull runs three times per block:
+so that both see the same machine load (each method's block starts after a
+barrier with one untimed call: the ranks leave a barrier up to a round trip
+apart, and the first call would time that skew, 2.5-4x a call's median on the
+2-core VM, not the reduction); push_pull runs three times per block:
 on the caller's thread (the direct path a blocking small call takes by
 default, over the server's direct lane where it offers one), the same over
 ZeroMQ (as with PUSHPULL_DIRECT_LANE=0), and through the engine's I/O thread
@@ -301,6 +304,7 @@ def child_main(args) -> int:
             eng.cfg = cfg
             eng.direct.use_lanes = use_lanes
             bps.barrier()
+            bps.push_pull(x, average=True, name="latency.x")  # untimed: absorbs the barrier's release skew
             times = runs[path] = []
             before = eng.stats["direct_calls"]
             for _ in range(block):
@@ -312,15 +316,17 @@ def child_main(args) -> int:
         eng.cfg = direct_cfg
         eng.direct.use_lanes = True
         dist.barrier()
+        dist.all_reduce(x)  # untimed, as above
         gtimes = []
         for _ in range(block):
             t0 = time.perf_counter()
             dist.all_reduce(x)
             gtimes.append(time.perf_counter() - t0)
         dist.barrier()
-        ztimes = ping.rounds(block) if ping else []
-        stimes = sping.rounds(block) if sping else []
-        rtimes = relay.rounds(block) if relay else []
+        # each bound's first round after the barrier is dropped too
+        ztimes = ping.rounds(block + 1)[1:] if ping else []
+        stimes = sping.rounds(block + 1)[1:] if sping else []
+        rtimes = relay.rounds(block + 1)[1:] if relay else []
         if b:
             pp += runs["direct"]
             pz += runs.get("direct_zmq", [])
