@@ -318,14 +318,14 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
 
-    from pushpull.bench.grid import scaled_profile, scaled_ps_partition_bytes
+    from pushpull.bench.grid import compute_scale_for, scaled_profile, scaled_ps_partition_bytes
     from pushpull.emulate import EmulatedCluster, launch_job
     from pushpull.sim.config import parse_bandwidth
 
     n = args.workers
     prof, size_scale, grad_bytes = scaled_profile(args.model, args.grad_mb)
     rate_Bps = parse_bandwidth(args.rate)
-    compute_scale = args.ratio * (grad_bytes / rate_Bps) / prof.compute_s
+    compute_scale = compute_scale_for(prof, grad_bytes, rate_Bps, args.ratio)
     hosts = 2 * n if args.placement == "separate" else n
     server0_host = n if args.placement == "separate" else 0
     tmp = tempfile.mkdtemp(prefix="ps-key-timeline-")

@@ -245,14 +245,14 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
 
-    from pushpull.bench.grid import _scaled_scheduling, scaled_profile, scaled_ps_partition_bytes
+    from pushpull.bench.grid import _scaled_scheduling, compute_scale_for, scaled_profile, scaled_ps_partition_bytes
     from pushpull.emulate import EmulatedCluster, launch_job
     from pushpull.sim.config import parse_bandwidth
 
     n = args.workers
     prof, size_scale, grad_bytes = scaled_profile(args.model, args.grad_mb)
     rate_Bps = parse_bandwidth(args.rate)
-    compute_scale = args.ratio * (grad_bytes / rate_Bps) / prof.compute_s
+    compute_scale = compute_scale_for(prof, grad_bytes, rate_Bps, args.ratio)
     tmp = tempfile.mkdtemp(prefix="ps-slow-steps-")
     env = {"BYTEPS_PARTITION_BYTES": str(scaled_ps_partition_bytes(size_scale, n))}  # as the grid scales it (k = n)
     if args.server_trace:  # a tensor's round r is step r - 1: rounds WARM + 1 .. of the timed steps

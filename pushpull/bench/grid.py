@@ -185,6 +185,12 @@ def scaled_profile(model: str, grad_mb: float):
     return prof, size_scale, numel * 4
 
 
+def compute_scale_for(prof, grad_bytes: float, rate_Bps: float, ratio: float) -> float:
+    """The factor on the profile's compute times that makes forward+backward last ``ratio`` x (gradient bytes /
+    link rate): the cell's computation/communication ratio against moving the gradients once over one link."""
+    return float(ratio) * (grad_bytes / rate_Bps) / prof.compute_s
+
+
 def scaled_ps_partition_bytes(size_scale: float, servers: int = 1) -> int:
     """The out-of-the-box key size of a model shrunk by ``size_scale`` on ``servers`` servers: BytePS's
     4,096,000 scaled with the model's tensors, at least 64 KiB (so a tiny model is not cut into thousands of
@@ -233,7 +239,7 @@ def expand(cfg: dict) -> list[dict]:
             continue
         prof, size_scale, grad_bytes = scaled_profile(model, grad_mb)
         bw_bytes = units.rate_bytes(bw, "bandwidths", allow_inf=True)
-        compute_scale = float(ratio) * (grad_bytes / bw_bytes) / prof.compute_s
+        compute_scale = compute_scale_for(prof, grad_bytes, bw_bytes, ratio)
         runs = [dict(r, **_scaled_scheduling(r, backend, size_scale)) for r in runs]
         hosts = n if placement == "colocated" else n + k
         jobs.append({"model": model, "backend": backend, "workers": n, "servers": k, "placement": placement,
