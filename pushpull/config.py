@@ -219,6 +219,14 @@ SETTINGS: tuple[Setting, ...] = (
       "namespace as loopback is, with the same authentication), and the workers of its host send their pushes "
       "and pulls there: no TCP stack per byte (`pushpull bench allreduce`, docs/results.md, Transport). 0: "
       "loopback TCP."),
+    S("local_shm", [], True, _bool, "0 | 1",
+      "Workers on a loopback server's host exchange the payloads of keys over 64 KiB through shared memory "
+      "(/dev/shm, one region per key, mode 0600, reserved up front, unlinked after the first round): a worker "
+      "copies its partition once into its slot, the server sums from the slots into the region, and the workers "
+      "read the sum from there, while the socket (PUSHPULL_LOCAL_IPC) carries only headers. Plain sums, minima, "
+      "maxima and products of uncompressed tensors, without elastic training, backup workers or the local "
+      "reduce; the rest, and a /dev/shm without room, stay on the socket (docs/security.md, Shared memory). "
+      "0: every payload on the socket."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
       "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "
       "communication thread (0 = on the communication thread); for compressed models with many large "
@@ -383,6 +391,7 @@ class Config:
     direct_bytes: int
     direct_lane: bool
     local_ipc: bool
+    local_shm: bool
     threadpool_size: int
     key_hash_fn: str
     strategy: str

@@ -20,12 +20,18 @@ Ratios printed:
   as push_pull sends M bytes of gradients. Bouncing one 4 MiB buffer M / 4 MiB
   times (it can stay in the CPU cache, which no gradient exchange can count on)
   is reported beside it (``fraction_of_hot_buffer_ceiling``); on the 2-core VM
-  the two are equal within their run-to-run noise.
+  the two are equal within their run-to-run noise;
+* ``fraction_of_memory_bound`` = the memory bound / push_pull time. With servers on this host, keys over
+  64 KiB move through shared memory (PUSHPULL_LOCAL_SHM), not the socket, so the socket's ceiling no longer
+  bounds them; what does is memory: every worker's M bytes must be read in and its M bytes of result written
+  out, 2·n·M bytes copied, at the memcpy rate rank 0 measures between the rounds (M bytes into distinct
+  memory), spread over every core of the machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -141,6 +147,13 @@ def child_main(args) -> int:
     if echo:
         echo.connect(port)
     tensors = [torch.randn(n) for n in sizes]
+    copy_src = torch.cat(tensors).numpy().view("uint8") if rank == 0 else None
+    copy_dst = copy_src.copy() if rank == 0 else None
+
+    def memcpy_round() -> float:
+        t0 = time.perf_counter()
+        copy_dst[:] = copy_src
+        return time.perf_counter() - t0
 
     def pp_round() -> float:
         t0 = time.perf_counter()
@@ -162,7 +175,7 @@ def child_main(args) -> int:
     if echo:
         echo.round(nbytes)
         echo.round(nbytes, hot=True)
-    pp, ar, zq, zh = [], [], [], []
+    pp, ar, zq, zh, mc = [], [], [], [], []
     for _ in range(args.repeat):  # interleave so that all three see the same machine load
         bps.barrier()
         pp.append(pp_round())
@@ -172,6 +185,9 @@ def child_main(args) -> int:
         if echo:
             zq.append(echo.round(nbytes))
             zh.append(echo.round(nbytes, hot=True))
+        if rank == 0:
+            mc.append(memcpy_round())
+        dist.barrier()
     dist.barrier()  # rank 0 has every echo back before rank 1 closes its socket
     if echo:
         moved = echo.bytes_moved(nbytes)
@@ -180,7 +196,8 @@ def child_main(args) -> int:
         with open(args.out, "w") as f:
             json.dump({"pushpull_times": pp, "allreduce_times": ar, "zmq_times": zq, "zmq_hot_times": zh,
                        "zmq_bytes": moved, "bytes": nbytes, "tensors": len(tensors), "workers": size,
-                       "servers": cfg.num_server, "transport": "ipc" if ipc else "tcp"}, f)
+                       "servers": cfg.num_server, "transport": "ipc" if ipc else "tcp", "memcpy_times": mc,
+                       "shm_pushes": bps.engine().stats["shm_pushes"] if bps.engine() is not None else 0}, f)
     dist.destroy_process_group()
     bps.shutdown()
     return 0
@@ -212,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     pp = statistics.median(r["pushpull_times"])
     ar = statistics.median(r["allreduce_times"])
     pp_rate = 2 * r["workers"] * r["bytes"] / pp
+    memcpy_rate = r["bytes"] / statistics.median(r["memcpy_times"])
+    cores = os.cpu_count() or 1
+    memory_bound = 2 * r["workers"] * r["bytes"] / (memcpy_rate * cores)
     result = {
         "workers": r["workers"], "servers": r["servers"], "tensors": r["tensors"], "bytes": r["bytes"],
         "pushpull_s": pp, "allreduce_s": ar, "ratio_vs_allreduce": ar / pp,
@@ -220,15 +240,22 @@ def main(argv: list[str] | None = None) -> int:
         "zmq_hot_buffer_ceiling_GBps": hot_rate / 1e9, "fraction_of_hot_buffer_ceiling": pp_rate / hot_rate,
         "pushpull_times": r["pushpull_times"], "allreduce_times": r["allreduce_times"], "zmq_times": r["zmq_times"],
         "zmq_hot_times": r["zmq_hot_times"], "transport": r["transport"],
+        "memcpy_GBps": memcpy_rate / 1e9, "cores": cores, "memory_bound_s": memory_bound,
+        "fraction_of_memory_bound": memory_bound / pp, "shared_memory": r["shm_pushes"] > 0,
     }
     print(f"ResNet-50 gradients: {r['tensors']} tensors, {r['bytes'] / MiB:.1f} MiB, "
           f"{r['workers']} workers, {r['servers']} servers, median of {args.repeat}")
     print(f"  push_pull (pushpull)      {pp * 1e3:8.1f} ms")
     print(f"  all_reduce (gloo)         {ar * 1e3:8.1f} ms")
     print(f"  ratio gloo / pushpull     {ar / pp:8.2f}x")
-    print(f"  pushpull socket rate      {pp_rate / 1e9:8.2f} GB/s (2 x workers x bytes / time)")
+    print(f"  memory bound              {memory_bound * 1e3:8.1f} ms (2 x workers x bytes copied at "
+          f"{memcpy_rate / 1e9:.2f} GB/s memcpy x {cores} cores)")
+    print(f"  fraction of memory bound  {memory_bound / pp:8.2f}")
+    via = ("shared memory (PUSHPULL_LOCAL_SHM), headers over " + r["transport"] if r["shm_pushes"]
+           else r["transport"])
+    print(f"  pushpull payload rate     {pp_rate / 1e9:8.2f} GB/s (2 x workers x bytes / time; payloads via {via})")
     print(f"  raw pyzmq echo ceiling    {ceiling['rate_Bps'] / 1e9:8.2f} GB/s (ranks 0 and 1, same job, "
-          f"the same bytes, over {r['transport']} as push_pull)")
+          f"the same bytes, over {r['transport']})")
     print(f"  fraction of ceiling       {pp_rate / ceiling['rate_Bps']:8.2f}")
     print(f"  (one cache-hot 4 MiB buffer bounced instead: {hot_rate / 1e9:.2f} GB/s, "
           f"fraction {pp_rate / hot_rate:.2f})")

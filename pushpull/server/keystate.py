@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pushpull.server.reduce import WIRE_NP, Accumulator, Concat
+from pushpull.server.reduce import ACC_NP, WIRE_NP, Accumulator, Concat
 from pushpull.transport.protocol import describe_sig, dtype_code
 
 
@@ -99,6 +99,10 @@ class KeyState:
     # reduce together first and one of them pushes each slice, so a slice's key has one pusher per machine
     writers: frozenset | None = None
     pushes: int = 0  # pushes summed since the last reset: BYTEPS_SERVER_ENABLE_SCHEDULE serves keys with fewer first
+    # same-host workers (pushpull.transport.shm): the key's shared region, and the ranks whose request in
+    # flight came through it (their answer goes there too; a rank's requests for a key come one at a time)
+    shm: object = None
+    shm_ranks: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
@@ -157,7 +161,8 @@ class KeyState:
             slot.error = None
             slot.count = 0
             if slot.acc is None:
-                slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(self.dtype, self.numel, self.op)
+                slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(
+                    self.dtype, self.numel, self.op, self._shared_acc(rnd % depth))
             return slot
         missing = sorted(self.expected() - slot.pulled)
         raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} while round {slot.round} "
@@ -217,8 +222,19 @@ class KeyState:
             return len(slot.pushed) >= self.num_workers - self.backup
         return len(slot.pushed | self.joined) >= self.num_workers - self.backup
 
+    def _shared_acc(self, index: int) -> np.ndarray | None:
+        """Slot ``index``'s shared output as the accumulator, where the sum is kept in the wire dtype."""
+        if self.shm is None or ACC_NP[self.dtype] is not WIRE_NP[self.dtype]:
+            return None
+        return self.shm.out(index).view(WIRE_NP[self.dtype])
+
     def _complete(self, slot: Slot) -> None:
         result = slot.acc.result()
+        if self.shm is not None:  # the sum goes to the shared output (the only push, or a rounded fp16 sum)
+            out = self.shm.out(slot.round % len(self.slots)).view(result.dtype)
+            if result.ctypes.data != out.ctypes.data:
+                np.copyto(out, result)
+            result = out
         slot.out = self.codec.compress_sum(result) if self.codec is not None else result
         slot.count = len(slot.pushed)
         slot.ready = True

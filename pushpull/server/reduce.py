@@ -48,9 +48,10 @@ class Accumulator:
     in. With one worker the first push is the result.
     """
 
-    def __init__(self, dtype: str, numel: int, op: str = "sum"):
+    def __init__(self, dtype: str, numel: int, op: str = "sum", out: np.ndarray | None = None):
+        """``out``: where to accumulate (a shared-memory output, in the accumulation dtype), else new memory."""
         self.dtype = dtype
-        self.acc = np.empty(numel, dtype=ACC_NP[dtype])
+        self.acc = out if out is not None else np.empty(numel, dtype=ACC_NP[dtype])
         self._same = ACC_NP[dtype] is WIRE_NP[dtype]
         self._held: np.ndarray | None = None  # the first push, not yet combined
         self._ufunc = _UFUNC[op]

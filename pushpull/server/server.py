@@ -30,6 +30,7 @@ from pushpull.transport.protocol import (
 )
 from pushpull.transport.lane import lane_key
 from pushpull.transport.memory import keep_freed_buffers
+from pushpull.transport import shm
 from pushpull.transport.security import auth_for, is_loopback
 from pushpull.transport.van import Van
 
@@ -90,6 +91,8 @@ class Server:
             ipc = self.van.bind_ipc(SOCK)
             if ipc:
                 info["ipc"] = ipc
+        # those workers also exchange large keys' payloads through shared memory (pushpull.transport.shm)
+        self.regions = shm.Regions() if cfg.local_shm and "ipc" in info and shm.available() else None
         self.member = Member(self.van, cfg, info,
                              on_registered=self._on_registered, on_message=self._scheduler_message)
         self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped
@@ -136,6 +139,8 @@ class Server:
         for q in self.engines:
             q.put(None)
         self.van.stop()
+        if self.regions is not None:
+            self.regions.unlink_all()
         if self.trace is not None:
             self.trace.flush()
         return code
@@ -256,7 +261,7 @@ class Server:
         decl = {"name": str(req.get("name")), "numel": int(h.numel), "dtype": dtype_name(h.dtype),
                 "compression": req.get("compression"), "op": str(req.get("op") or "sum"),
                 "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta"),
-                "writers": req.get("writers")}
+                "writers": req.get("writers"), "shm": req.get("shm") is True}
         if decl["op"] not in ("sum", "min", "max", "product", "concat", "store") or (
                 decl["readers"] is not None and not all(isinstance(r, int) for r in decl["readers"])):
             self._error(identity, h.key, f"tensor {decl['name']!r}: op {decl['op']!r} / readers "
@@ -343,9 +348,22 @@ class Server:
             from pushpull.server.reduce import ACC_NP
 
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
+        offered = [r for r, (_, _, d) in pend["by"].items() if d.get("shm")]
+        if offered and self._shares_memory(ks):
+            ks.shm = self.regions.create(key, ks.wire_nbytes, self.num_workers)
         self.keys[key] = ks
-        for ident, req_id, _ in pend["by"].values():
-            self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id))
+        region = encode_json({"shm": ks.shm.describe()}) if ks.shm is not None else None
+        for r, (ident, req_id, _) in pend["by"].items():
+            body = [region] if region is not None and r in offered else []
+            self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id), body)
+
+    def _shares_memory(self, ks: KeyState) -> bool:
+        """Whether a key's payloads can go through shared memory (PUSHPULL_LOCAL_SHM; pushpull.transport.shm):
+        a plain reduction of whole, uncompressed pushes by every worker, answered to every worker, in rounds
+        that each rank pushes once and pulls once."""
+        return (self.regions is not None and ks.op in ("sum", "min", "max", "product") and ks.codec is None
+                and not ks.backup and ks.store is None and ks.readers is None and ks.writers is None
+                and shm.MIN_KEY_BYTES < ks.wire_nbytes <= self.cfg.max_message_bytes)
 
     def _backup_problem(self, backup, decl: dict) -> str | None:
         """Why a key cannot have ``backup`` backup workers (None: it can)."""
@@ -470,7 +488,13 @@ class Server:
 
     def _decode_push(self, msg: Msg, ks: KeyState) -> np.ndarray:
         h = msg.header
-        buf = msg.body_view()
+        if h.flags & Flags.SHM:  # in the sender's slot of the key's region (its rank is its connection's)
+            if ks.shm is None or h.flags & Flags.COMPRESSED or not 0 <= h.sender < ks.shm.workers:
+                raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed through shared memory, which "
+                                    f"this key does not have for it")
+            buf = ks.shm.push(h.sender)
+        else:
+            buf = msg.body_view()
         if ks.op == "concat":  # a slice: its bytes go at the offset in ``extra``
             if dtype_name(h.dtype) != "uint8" or len(buf) != h.numel or h.extra + len(buf) > ks.numel:
                 raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed {len(buf)} bytes at offset "
@@ -522,14 +546,26 @@ class Server:
         if not h.flags & Flags.NO_ACK:
             self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
         if h.flags & Flags.PULL:  # the pull rides on the push (ps-lite's ZPushPull): answered with the round
+            self._answer_in(ks, h)
             ks.pull(h.round, h.sender).waiting.append((identity, h.sender, h.req_id))
         if done is not None:
             for ident, rank, req_id in done.waiting:
                 self._answer_pull(ident, rank, req_id, h.key, h.round, ks, done)
             done.waiting.clear()
+            if ks.shm is not None and ks.shm.linked:  # every rank has pushed, so has mapped the region
+                self.regions.unlinked(ks.key)
+
+    @staticmethod
+    def _answer_in(ks: KeyState, h: Header) -> None:
+        """Remember whether rank ``h.sender`` wants this request's answer in the key's shared output."""
+        if h.flags & Flags.SHM and ks.shm is not None:
+            ks.shm_ranks.add(h.sender)
+        else:
+            ks.shm_ranks.discard(h.sender)
 
     def _pull(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
+        self._answer_in(ks, h)
         slot = ks.pull(h.round, h.sender)
         if slot.ready:
             self._answer_pull(identity, h.sender, h.req_id, h.key, h.round, ks, slot)
@@ -541,6 +577,11 @@ class Server:
         if ks.readers is not None and rank not in ks.readers:  # it only contributed: the round is complete
             self._reply(identity, Header(MsgType.PULL_RESP, key=key, round=rnd, req_id=req_id,
                                          dtype=dtype_code(ks.dtype), numel=0, nbytes=0), [b""])
+            return
+        if rank in ks.shm_ranks:  # the sum is in the region's output of this round's slot
+            self._reply(identity, Header(MsgType.PULL_RESP, key=key, round=rnd, req_id=req_id,
+                                         dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=ks.wire_nbytes,
+                                         flags=Flags.SHM, extra=rnd % len(ks.slots)), [b""])
             return
         if slot.wire is None:
             slot.wire = self.van.shared_frame(slot.out)

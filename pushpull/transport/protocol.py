@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pushpull import dtypes as _dt
 
 MAGIC = 0x5050  # "PP"
-VERSION = 7  # 7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
+VERSION = 8  # 8: same-host payloads in shared memory (Flags.SHM, an INIT_ACK's region);
+#             7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
 #             the address book's job_id; 6: sparse tables (SPARSE_* messages); 5: round signatures, concat
 #             offsets, ABORT, INIT op/readers
 
@@ -77,6 +78,9 @@ class Flags:
     NO_ACK = 4          # a PUSH whose sender wants no PUSH_ACK (no credit or trace waits on it)
     ABORT = 8           # a PUSH that fails its round on every rank; the body is JSON {"error": why}
     SET = 16            # a SPARSE_PUSH that writes rows instead of adding a round's gradient (loading a table)
+    SHM = 32            # the payload is in the key's shared-memory region (pushpull.transport.shm), not in the
+    #                     body: a PUSH's in the sender's slot (it asks for its answer there too); a PULL_RESP's
+    #                     in output ``extra``
 
 
 # dtype code <-> dtype name (and item size): the header numbering of pushpull.dtypes

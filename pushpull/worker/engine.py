@@ -27,6 +27,7 @@ from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
 from pushpull.config import Config, WorkerIdentity, max_partition_bytes
 from pushpull.transport.protocol import Flags, Header, MsgType, decode_json, encode_json
+from pushpull.transport import shm
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
@@ -58,7 +59,8 @@ class Engine:
                              on_message=self._scheduler_message)
         self.member.on_failure(self._fail_all)
         self.table = TensorTable()
-        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0}
+        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0,
+                      "shm_pushes": 0}
         self.averager = Averager(ident.size)
         self.pipeline = Pipeline(self.table, self.averager, self.stats, on_reset=self._reset)
         # an explicit credit applies at once; 'auto' needs the servers' addresses (known at start)
@@ -140,6 +142,11 @@ class Engine:
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", self.server_addrs[f"s{s['rank']}"],
                                     worker_identity(self.rank), self.kv.on_server_message, host=str(s["host"]))
+        # servers reached over their Unix socket share a host, so may share memory too (pushpull.transport.shm);
+        # not with elastic training, which renumbers ranks and so a region's slots
+        if self.cfg.local_shm and not self.cfg.min_workers and shm.available():
+            self.kv.shm_socks = {sock for sock, addr in self.server_addrs.items() if addr.startswith("ipc://")}
+        self.kv.num_workers = self.size
         self._start_local_reduce(book)
         self.started = True
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)

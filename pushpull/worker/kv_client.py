@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Callable, Protocol
 
+from pushpull.transport import shm
 from pushpull.transport.protocol import Flags, Header, Msg, MsgType, decode_json, encode_json
 from pushpull.worker.credit_queue import CreditQueue
 from pushpull.worker.table import Entry, Op, Partition
@@ -55,6 +56,11 @@ class KVClient:
         self.queue: CreditQueue = CreditQueue(credit_bytes)
         self.window: AutoWindow | None = None
         self.send_next: Callable[[tuple, int], None] | None = None
+        # the sockets of servers on this host that may give a key a shared-memory region (PUSHPULL_LOCAL_SHM),
+        # and the job's size (a region has a slot per worker); set by the engine at start
+        self.shm_socks: set[str] = set()
+        self.num_workers = 0
+        self._shm_refused = False  # a region could not be mapped (logged once)
         self.trace_ack: Callable[[int, int], None] | None = None  # the tracer's push_acked, while tracing
         self._req = 0
         self.requests: dict[int, Entry] = {}  # ASSIGN request id -> the entry that asked
@@ -185,8 +191,26 @@ class KVClient:
             return
         e, p = ep
         if not p.inited:
+            body = msg.body()
+            if body:  # the server's shared-memory region for this key (pushpull.transport.shm)
+                self._attach(p, decode_json(body).get("shm"))
             p.inited = True
             self.upper.on_inited(e)
+
+    def _attach(self, p: Partition, desc) -> None:
+        """Map the region ``desc`` a server gave ``p``'s key; if it cannot be mapped (another /dev/shm, a
+        file that is not what it should be), the key's payloads stay on the socket."""
+        if desc is None or p.sock not in self.shm_socks:
+            return
+        try:
+            p.shm = shm.attach(desc, p.nbytes, self.num_workers)
+        except (shm.AttachError, OSError) as ex:
+            if not self._shm_refused:
+                log.warning("worker %d: shared memory of server %d not used, payloads go over the socket: %s",
+                            self.rank, p.server, ex)
+                self._shm_refused = True
+            return
+        p.shm_push = p.shm.push(self.rank)
 
     def _on_push_ack(self, msg: Msg) -> None:
         h = msg.header

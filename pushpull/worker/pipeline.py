@@ -7,6 +7,8 @@
     queue       every partition into the credit queue, by priority: :meth:`enqueue`
     compress    a partition the credit admitted, inline or on the codec pool: :meth:`compress`
     push/pull   one PUSH that also asks for the round's sum: :meth:`push`; the sum: :meth:`on_pulled`
+                (with a server on this host, a large key's payloads go through its shared-memory region:
+                the push is copied into this rank's slot, the sum read from the region's output)
     decompress  the sum, when it came compressed: :meth:`decompress`
     average     sum -> mean (:class:`pushpull.worker.average.Averager`): on arrival in :meth:`on_pulled`
                 and :meth:`decompress`, the rest in :meth:`finish`
@@ -30,7 +32,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+import numpy as np
+
 from pushpull.cluster.assign import part_key
+from pushpull.transport import shm
 from pushpull.transport.protocol import Flags, Msg, encode_json, f32_bits, split_backup_extra
 from pushpull.worker.average import NP_FLOAT, Averager
 from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
@@ -118,10 +123,18 @@ class Pipeline:
         self.send_inits(e, e.parts)
 
     def send_inits(self, e: Entry, parts: list) -> None:
-        body = encode_json({"name": e.name, "compression": e.compression, **e.spec.declaration()})
+        """INIT of ``parts``. A partition over 64 KiB of a whole, uncompressed reduction whose server is on
+        this host offers to exchange its payloads through shared memory (the server decides)."""
+        decl = {"name": e.name, "compression": e.compression, **e.spec.declaration()}
+        body = encode_json(decl)
+        kv = self.kv
+        offer = None
+        if kv.shm_socks and e.compression is None and e.spec.readers is None and e.spec.writers is None:
+            offer = encode_json({**decl, "shm": True})
         itemsize = e.itemsize
         for p in parts:
-            self.kv.init(p, e.code, p.nbytes // itemsize, body)
+            shared = offer is not None and p.sock in kv.shm_socks and p.nbytes > shm.MIN_KEY_BYTES
+            kv.init(p, e.code, p.nbytes // itemsize, offer if shared else body)
 
     def on_inited(self, e: Entry) -> None:
         e.pending_inits -= 1
@@ -227,6 +240,11 @@ class Pipeline:
             nb = len(memoryview(frame).cast("B")) if not isinstance(frame, (bytes, bytearray)) else len(frame)
         else:
             nb = p.nbytes
+            if p.shm_push is not None:  # into this rank's slot of the key's region; the message carries none
+                np.copyto(p.shm_push, frame)
+                flags |= Flags.SHM
+                frame = b""
+                self.stats["shm_pushes"] += 1
         self.kv.push(p, op.round, e.code, p.nbytes // e.itemsize, nb, flags, extra, op.sig, frame)
         if self.tracer is not None:
             self.tracer.sent(p)
@@ -241,7 +259,13 @@ class Pipeline:
             self.tracer.pull_received(h.key)
         buf = msg.body_view()
         inv = None
-        if h.extra:  # backup workers: the sum holds ``count`` pushes; ``ahead`` rounds completed since
+        if h.flags & Flags.SHM:  # the sum is in output ``extra`` of the key's region
+            if p.shm is None or not 0 <= h.extra < len(p.shm.outs):
+                self.finish(op, f"tensor {op.entry.name!r}: server {p.server} answered in shared memory output "
+                                f"{h.extra}, which this key does not have")
+                return
+            buf = p.shm.out(h.extra)
+        elif h.extra:  # backup workers: the sum holds ``count`` pushes; ``ahead`` rounds completed since
             count, ahead = split_backup_extra(h.extra)
             p.completed = max(p.completed, h.round + ahead)
             if count and op.average:

@@ -104,6 +104,8 @@ class Partition:
     sock: str = ""        # the van socket of its server
     t_sent: float = 0.0   # when its push left (for the auto window's round trips)
     completed: int = 0    # backup workers: the highest round its server said had completed
+    shm: object = None    # its key's shared-memory region (pushpull.transport.shm), when its server gave one
+    shm_push: object = None  # this rank's slot in it
 
 
 @dataclass

@@ -35,7 +35,12 @@ def test_allreduce_bench_json_contract():
     assert math.isclose(d["fraction_of_hot_buffer_ceiling"],
                         d["pushpull_rate_GBps"] / d["zmq_hot_buffer_ceiling_GBps"])
     assert len(d["pushpull_times"]) == len(d["allreduce_times"]) == len(d["zmq_times"]) == 1
-    assert d["transport"] == "ipc" and "over ipc as push_pull" in r.stdout  # the ceiling's transport is push_pull's
+    assert d["transport"] == "ipc" and "the same bytes, over ipc" in r.stdout  # the ceiling's transport is push_pull's
+    # servers on this host: large keys' payloads through shared memory, bounded by memory (printed beside)
+    assert d["shared_memory"] and "payloads via shared memory" in r.stdout
+    bound = 2 * d["workers"] * d["bytes"] / (d["memcpy_GBps"] * 1e9 * d["cores"])
+    assert math.isclose(d["memory_bound_s"], bound) and math.isclose(d["fraction_of_memory_bound"],
+                                                                     bound / d["pushpull_s"])
 
 
 @pytest.mark.timeout(120)
