@@ -225,7 +225,8 @@ SETTINGS: tuple[Setting, ...] = (
       "copies its partition once into its slot, the server sums from the slots into the region, and the workers "
       "read the sum from there, while the socket (PUSHPULL_LOCAL_IPC) carries only headers. Plain sums, minima, "
       "maxima and products of uncompressed tensors, without elastic training, backup workers or the local "
-      "reduce; the rest, and a /dev/shm without room, stay on the socket (docs/security.md, Shared memory). "
+      "reduce, and not with PUSHPULL_AUTH=curve (payloads in memory files are not encrypted); the rest, and a "
+      "/dev/shm without room, stay on the socket (docs/security.md, Shared memory). "
       "0: every payload on the socket."),
     S("threadpool_size", ["BYTEPS_THREADPOOL_SIZE"], 0, _int_min(0), "integer >= 0",
       "Threads that compress pushes and decompress pulls on the worker, in parallel and off the "

@@ -91,8 +91,11 @@ class Server:
             ipc = self.van.bind_ipc(SOCK)
             if ipc:
                 info["ipc"] = ipc
-        # those workers also exchange large keys' payloads through shared memory (pushpull.transport.shm)
-        self.regions = shm.Regions() if cfg.local_shm and "ipc" in info and shm.available() else None
+        # those workers also exchange large keys' payloads through shared memory (pushpull.transport.shm), unless
+        # the job asked for encryption on loopback (PUSHPULL_AUTH=curve): payloads in files are not encrypted
+        unencrypted = self.van.auth is None or self.van.auth.mechanism(self.host) != "curve"
+        self.regions = (shm.Regions() if cfg.local_shm and "ipc" in info and unencrypted and shm.available()
+                        else None)
         self.member = Member(self.van, cfg, info,
                              on_registered=self._on_registered, on_message=self._scheduler_message)
         self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped

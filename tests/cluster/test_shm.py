@@ -17,6 +17,7 @@ SHAPES = {
     "1w-1s": (1, 1, {**SHM_ENV, "BYTEPS_FORCE_DISTRIBUTED": "1"}),  # one push: the sum is that push, copied
     "3w-2s-off": (3, 2, {"PUSHPULL_LOCAL_SHM": "0"}),
     "3w-2s-tcp": (3, 2, {**SHM_ENV, "PUSHPULL_LOCAL_IPC": "0"}),  # no Unix socket: no shared memory either
+    "2w-1s-curve": (2, 1, {**SHM_ENV, "PUSHPULL_AUTH": "curve"}),  # encryption asked: payloads stay encrypted
 }
 
 
@@ -54,8 +55,8 @@ def test_large_keys_go_through_shared_memory_when_on(runs, shape):
     assert all(c == 17 * 4 for c in pushes.values()), pushes
 
 
-@pytest.mark.parametrize("shape", ["3w-2s-off", "3w-2s-tcp"])
-def test_every_payload_stays_on_the_socket_when_off_or_over_tcp(runs, shape):
+@pytest.mark.parametrize("shape", ["3w-2s-off", "3w-2s-tcp", "2w-1s-curve"])
+def test_every_payload_stays_on_the_socket_when_off_over_tcp_or_encrypted(runs, shape):
     workers, _, out, _ = runs(shape)
     assert _shm_pushes(out) == {r: 0 for r in range(workers)}, out[-3000:]
 
