@@ -7,6 +7,20 @@ import sys
 
 from pushpull.config import ConfigError, load_config, python_log_level
 
+# how long a scheduler or server may take to exit after SIGTERM before the kernel ends it (SIGALRM)
+EXIT_GRACE_S = 5
+
+
+def exit_on_sigterm(*_) -> None:
+    """SIGTERM (the launcher ending the job, or dying: PR_SET_PDEATHSIG): exit cleanly, so that at-exit
+    handlers run (a server unlinks its shared memory), but within EXIT_GRACE_S. A finalizer that blocks must
+    not keep the process alive after its launcher: pyzmq's zero-copy garbage collector was seen blocking
+    forever in a send during interpreter shutdown. Once shutdown has begun, no Python thread can run, so the
+    guard is a kernel timer whose signal's default action ends the process."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(EXIT_GRACE_S)
+    sys.exit(143)
+
 
 def run_role(role: str) -> int:
     try:
@@ -15,7 +29,7 @@ def run_role(role: str) -> int:
         print(f"pushpull {role}: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=python_log_level(cfg), format=f"%(asctime)s {role} %(levelname)s: %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
         if role == "scheduler":
             from pushpull.cluster.scheduler import run_scheduler

@@ -99,10 +99,20 @@ class KeyState:
     # reduce together first and one of them pushes each slice, so a slice's key has one pusher per machine
     writers: frozenset | None = None
     pushes: int = 0  # pushes summed since the last reset: BYTEPS_SERVER_ENABLE_SCHEDULE serves keys with fewer first
-    # same-host workers (pushpull.transport.shm): the key's shared region, and the ranks whose request in
-    # flight came through it (their answer goes there too; a rank's requests for a key come one at a time)
+    # same-host workers (pushpull.transport.shm): the key's shared region, each sharing rank's push slot in it,
+    # the ranks whose request in flight came through it (their answer goes there too; a rank's requests for a
+    # key come one at a time), and the sharing ranks that have not pushed yet (the file is unlinked after them)
     shm: object = None
+    shm_slot: dict = field(default_factory=dict)
     shm_ranks: set = field(default_factory=set)
+    shm_unseen: set = field(default_factory=set)
+
+    def stop_sharing(self) -> None:
+        """Back to the socket for every rank (the workers changed: slots belong to ranks that may be gone)."""
+        self.shm = None
+        self.shm_slot = {}
+        self.shm_ranks = set()
+        self.shm_unseen = set()
 
     def __post_init__(self) -> None:
         self.wire_nbytes = self.numel * np.dtype(WIRE_NP[self.dtype]).itemsize
@@ -224,14 +234,16 @@ class KeyState:
 
     def _shared_acc(self, index: int) -> np.ndarray | None:
         """Slot ``index``'s shared output as the accumulator, where the sum is kept in the wire dtype."""
-        if self.shm is None or ACC_NP[self.dtype] is not WIRE_NP[self.dtype]:
+        region = self.shm
+        if region is None or ACC_NP[self.dtype] is not WIRE_NP[self.dtype]:
             return None
-        return self.shm.out(index).view(WIRE_NP[self.dtype])
+        return region.out(index).view(WIRE_NP[self.dtype])
 
     def _complete(self, slot: Slot) -> None:
         result = slot.acc.result()
-        if self.shm is not None:  # the sum goes to the shared output (the only push, or a rounded fp16 sum)
-            out = self.shm.out(slot.round % len(self.slots)).view(result.dtype)
+        region = self.shm
+        if region is not None:  # the sum goes to the shared output (the only push, or a rounded fp16 sum)
+            out = region.out(slot.round % len(self.slots)).view(result.dtype)
             if result.ctypes.data != out.ctypes.data:
                 np.copyto(out, result)
             result = out

@@ -166,6 +166,9 @@ class Server:
         self.num_workers = int(d["num_workers"])
         self.rank_now = {int(first): int(now) for first, now in d["ranks"].items()}
         for ks in self.keys.values():
+            if ks.shm is not None:  # its slots belong to the ranks of before; the new ones use the socket
+                ks.stop_sharing()
+                self.regions.unlinked(ks.key)
             ks.reset(self.num_workers)
         self.pending_inits.clear()  # the workers declare again what was pending
         (log.info if "joined_last" in d else log.warning)("workers changed (%s): generation %d, %d workers",
@@ -176,6 +179,8 @@ class Server:
         """Rank ``rank`` called join(): it contributes nothing to the rounds the others still run (Horovod's
         join), so rounds and declarations that only waited for it complete now, and later ones without it."""
         self.joined.add(rank)
+        for ks in self.keys.values():  # it will not push: its region's file need not wait for it
+            self._pushed_once(ks, rank)
         for key, pend in list(self.pending_inits.items()):
             self._complete_init(key, pend)
         for ks in self.keys.values():
@@ -351,13 +356,15 @@ class Server:
             from pushpull.server.reduce import ACC_NP
 
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
-        offered = [r for r, (_, _, d) in pend["by"].items() if d.get("shm")]
+        offered = sorted(r for r, (_, _, d) in pend["by"].items() if d.get("shm"))
         if offered and self._shares_memory(ks):
-            ks.shm = self.regions.create(key, ks.wire_nbytes, self.num_workers)
+            ks.shm = self.regions.create(key, ks.wire_nbytes, len(offered))
+            if ks.shm is not None:
+                ks.shm_slot = {r: i for i, r in enumerate(offered)}
+                ks.shm_unseen = set(offered)
         self.keys[key] = ks
-        region = encode_json({"shm": ks.shm.describe()}) if ks.shm is not None else None
         for r, (ident, req_id, _) in pend["by"].items():
-            body = [region] if region is not None and r in offered else []
+            body = [encode_json({"shm": ks.shm.describe(ks.shm_slot[r])})] if r in ks.shm_slot else []
             self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id), body)
 
     def _shares_memory(self, ks: KeyState) -> bool:
@@ -492,10 +499,11 @@ class Server:
     def _decode_push(self, msg: Msg, ks: KeyState) -> np.ndarray:
         h = msg.header
         if h.flags & Flags.SHM:  # in the sender's slot of the key's region (its rank is its connection's)
-            if ks.shm is None or h.flags & Flags.COMPRESSED or not 0 <= h.sender < ks.shm.workers:
+            region, slot = ks.shm, ks.shm_slot.get(h.sender)  # read once: a RESET may stop the sharing meanwhile
+            if region is None or slot is None or h.flags & Flags.COMPRESSED:
                 raise ProtocolError(f"tensor {ks.name!r}: rank {h.sender} pushed through shared memory, which "
                                     f"this key does not have for it")
-            buf = ks.shm.push(h.sender)
+            buf = region.push(slot)
         else:
             buf = msg.body_view()
         if ks.op == "concat":  # a slice: its bytes go at the offset in ``extra``
@@ -519,6 +527,8 @@ class Server:
 
     def _push(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
+        if ks.shm_unseen:
+            self._pushed_once(ks, h.sender)
         try:
             if h.flags & Flags.ABORT:
                 ks.abort(h.round, h.sender, str(decode_json(msg.body()).get("error", "aborted")))
@@ -555,7 +565,13 @@ class Server:
             for ident, rank, req_id in done.waiting:
                 self._answer_pull(ident, rank, req_id, h.key, h.round, ks, done)
             done.waiting.clear()
-            if ks.shm is not None and ks.shm.linked:  # every rank has pushed, so has mapped the region
+
+    def _pushed_once(self, ks: KeyState, rank: int) -> None:
+        """Rank ``rank`` pushed ``ks`` (or joined): it has mapped the key's region or given up on it, so once every
+        rank it was offered to has, its file is unlinked (the mappings stay)."""
+        if rank in ks.shm_unseen:
+            ks.shm_unseen.discard(rank)
+            if not ks.shm_unseen:
                 self.regions.unlinked(ks.key)
 
     @staticmethod

@@ -6,18 +6,20 @@ step costs. With a region per key, a worker copies its partition once into its o
 straight from the slots into the region's output, and every worker reads the sum from there. The socket still
 carries a header per push and per answer: it orders the exchange, authenticates who pushed, and wakes the peer.
 
-Layout: ``workers`` push slots, then ``OUTS`` outputs (a server's rounds are double-buffered: round r's sum is
-in output r % 2), each ``stride`` bytes (the key's bytes rounded up to a page). A rank writes only its slot, and
-only after the answer of its previous push of the key: the server has then finished reading it.
+Layout: a push slot per rank that offered to share (the INIT_ACK tells each its slot), then ``OUTS`` outputs (a
+server's rounds are double-buffered: round r's sum is in output r % 2), each ``stride`` bytes (the key's bytes
+rounded up to a page). A rank writes only its slot, and only after the answer of its previous push of the key:
+the server has then finished reading it.
 
 Security (docs/security.md): the file lives in /dev/shm, is created exclusively (``O_EXCL``, ``O_NOFOLLOW``)
 with mode 0600 under a name with 128 random bits, and that name only travels in an INIT_ACK over the
 authenticated socket. A worker maps a region only if its name has the expected form, and the file is a regular
 file owned by this user, with mode 0600, of exactly the announced size. The server reserves the memory when it
 creates the file (``posix_fallocate``), so a full /dev/shm makes it answer over the socket instead. Without the
-reservation, writing to the region later would crash the process with SIGBUS. It keeps a share of /dev/shm free
-for the rest of the machine. The server unlinks the file once every rank has pushed through it (the mappings
-stay valid), and at exit, so a crash after the first round leaves nothing behind.
+reservation, writing to the region later would crash the process with SIGBUS. It keeps a share of /dev/shm, and
+of the machine's available memory, free for the rest of the machine. The server unlinks the file once every rank
+it was offered to has pushed the key once (so has mapped it or given up; the mappings stay valid), and at exit,
+so a crash after the first push leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ OUTS = 2  # outputs per key: a server keeps two rounds (pushpull.server.keystate
 # keys up to this size keep their payload on the socket: a copy into shared memory costs about what the
 # socket's copies do for them, and such keys are summed on the server's receiving thread, batched on the wire
 MIN_KEY_BYTES = 65536
-# what a server leaves free in /dev/shm for the rest of the machine (data loaders use it too): the larger of
+# what a server leaves free in /dev/shm, and of the machine's available memory, for the rest of the machine (data
+# loaders use /dev/shm too; a region's pages are reserved and cannot be swapped out): the larger of
 HEADROOM_BYTES, HEADROOM_FRACTION = 256 << 20, 0.25
 _NAME = re.compile(r"pushpull-[0-9a-f]{32}-k[0-9]{1,20}")
 
@@ -55,29 +58,29 @@ def _stride(nbytes: int) -> int:
 
 
 class Region:
-    """One key's mapped region: ``push(rank)`` and ``out(i)`` are uint8 views of ``nbytes`` bytes each."""
+    """One key's mapped region: ``push(slot)`` and ``out(i)`` are uint8 views of ``nbytes`` bytes each."""
 
-    def __init__(self, mm: mmap.mmap, nbytes: int, workers: int, path: str):
+    def __init__(self, mm: mmap.mmap, nbytes: int, slots: int, path: str):
         self.mm = mm
         self.nbytes = nbytes
-        self.workers = workers
+        self.slots = slots
         self.stride = _stride(nbytes)
         self.path = path
         self.linked = True
         self._lock = threading.Lock()
         whole = np.frombuffer(mm, dtype=np.uint8)
-        self.pushes = [whole[r * self.stride:r * self.stride + nbytes] for r in range(workers)]
-        self.outs = [whole[(workers + i) * self.stride:(workers + i) * self.stride + nbytes] for i in range(OUTS)]
+        self.pushes = [whole[r * self.stride:r * self.stride + nbytes] for r in range(slots)]
+        self.outs = [whole[(slots + i) * self.stride:(slots + i) * self.stride + nbytes] for i in range(OUTS)]
 
-    def push(self, rank: int) -> np.ndarray:
-        return self.pushes[rank]
+    def push(self, slot: int) -> np.ndarray:
+        return self.pushes[slot]
 
     def out(self, index: int) -> np.ndarray:
         return self.outs[index]
 
-    def describe(self) -> dict:
-        """What a worker needs to map it (sent in the INIT_ACK)."""
-        return {"name": os.path.basename(self.path), "nbytes": self.nbytes, "workers": self.workers}
+    def describe(self, slot: int) -> dict:
+        """What the worker given push slot ``slot`` needs to map it (sent in its INIT_ACK)."""
+        return {"name": os.path.basename(self.path), "nbytes": self.nbytes, "slots": self.slots, "slot": slot}
 
     def unlink(self) -> None:
         """Remove the name (the mappings stay valid); once."""
@@ -101,19 +104,21 @@ class Regions:
         self.refused: str | None = None  # why the last region could not be made (logged once)
         atexit.register(self.unlink_all)
 
-    def create(self, key: int, nbytes: int, workers: int) -> Region | None:
-        """A region for ``key`` (``nbytes`` per slot, ``workers`` push slots), or None (the reason is in
-        ``refused``, and logged once) when /dev/shm lacks the room or refuses the file."""
-        size = _stride(nbytes) * (workers + OUTS)
+    def create(self, key: int, nbytes: int, slots: int) -> Region | None:
+        """A region for ``key`` (``nbytes`` per slot, ``slots`` push slots), or None (the reason is in
+        ``refused``, and logged once) when /dev/shm or the machine's memory lacks the room, or the file is
+        refused."""
+        size = _stride(nbytes) * (slots + OUTS)
         try:
             st = os.statvfs(self.dir)
         except OSError as e:
             return self._refuse(f"{self.dir} cannot be inspected ({e})")
-        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-        keep = max(HEADROOM_BYTES, int(HEADROOM_FRACTION * total))
-        if size > free - keep:
-            return self._refuse(f"{self.dir} has {free >> 20} MiB free and keeps {keep >> 20} MiB for others; "
-                                f"key {key} needs {size >> 20} MiB")
+        for what, free, total in ((self.dir, st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize),
+                                  ("the machine's memory", *_memory())):
+            keep = max(HEADROOM_BYTES, int(HEADROOM_FRACTION * total))
+            if size > free - keep:
+                return self._refuse(f"{what} has {free >> 20} MiB free and keeps {keep >> 20} MiB for others; "
+                                    f"key {key} needs {size >> 20} MiB")
         path = os.path.join(self.dir, f"{self.prefix}-k{key}")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -127,7 +132,7 @@ class Regions:
             _remove(path)
             return self._refuse(f"{size >> 20} MiB could not be reserved in {self.dir} ({e})")
         os.close(fd)
-        region = Region(mm, nbytes, workers, path)
+        region = Region(mm, nbytes, slots, path)
         self.named[key] = region
         return region
 
@@ -147,6 +152,16 @@ class Regions:
             self.unlinked(key)
 
 
+def _memory() -> tuple[int, int]:
+    """(available, total) bytes of the machine's memory (Linux's MemAvailable); unbounded where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line)}
+        return fields["MemAvailable"], fields["MemTotal"]
+    except (OSError, KeyError, ValueError):
+        return 1 << 62, 0
+
+
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
@@ -158,17 +173,20 @@ class AttachError(Exception):
     """A region a worker will not map (it then keeps its payloads on the socket); the text says why."""
 
 
-def attach(desc: dict, nbytes: int, workers: int, directory: str = SHM_DIR) -> Region:
-    """Map the region a server announced for a key of ``nbytes`` bytes with ``workers`` push slots, after
-    checking that it is what it should be (module docstring); :class:`AttachError` otherwise."""
+def attach(desc: dict, nbytes: int, workers: int, directory: str = SHM_DIR) -> tuple[Region, int]:
+    """Map the region a server announced for a key of ``nbytes`` bytes in a job of ``workers`` workers, after
+    checking that it is what it should be (module docstring): the region and this worker's push slot in it;
+    :class:`AttachError` otherwise."""
     name = desc.get("name") if isinstance(desc, dict) else None
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise AttachError(f"unexpected region name {name!r}")
-    if desc.get("nbytes") != nbytes or desc.get("workers") != workers:
-        raise AttachError(f"region {name} is for {desc.get('nbytes')} bytes and {desc.get('workers')} workers, "
-                          f"the key has {nbytes} and the job {workers}")
+    slots, slot = desc.get("slots"), desc.get("slot")
+    if (desc.get("nbytes") != nbytes or type(slots) is not int or type(slot) is not int
+            or not 0 <= slot < slots <= workers):
+        raise AttachError(f"region {name} is for {desc.get('nbytes')} bytes with slot {slot!r} of {slots!r}; "
+                          f"the key has {nbytes} bytes and the job {workers} workers")
     path = os.path.join(directory, name)
-    size = _stride(nbytes) * (workers + OUTS)
+    size = _stride(nbytes) * (slots + OUTS)
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -181,4 +199,4 @@ def attach(desc: dict, nbytes: int, workers: int, directory: str = SHM_DIR) -> R
         mm = mmap.mmap(fd, size)
     finally:
         os.close(fd)
-    return Region(mm, nbytes, workers, path)
+    return Region(mm, nbytes, slots, path), slot

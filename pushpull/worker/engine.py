@@ -146,6 +146,8 @@ class Engine:
         # not with elastic training, which renumbers ranks and so a region's slots
         if self.cfg.local_shm and not self.cfg.min_workers and shm.available():
             self.kv.shm_socks = {sock for sock, addr in self.server_addrs.items() if addr.startswith("ipc://")}
+            # a one-partition tensor the direct path may carry keeps its payload on the socket
+            self.kv.shm_min_bytes = max(shm.MIN_KEY_BYTES, self.cfg.direct_bytes)
         self.kv.num_workers = self.size
         self._start_local_reduce(book)
         self.started = True

@@ -59,8 +59,8 @@ class KVClient:
         # the sockets of servers on this host that may give a key a shared-memory region (PUSHPULL_LOCAL_SHM),
         # and the job's size (a region has a slot per worker); set by the engine at start
         self.shm_socks: set[str] = set()
+        self.shm_min_bytes = shm.MIN_KEY_BYTES  # partitions up to this size keep their payload on the socket
         self.num_workers = 0
-        self._shm_refused = False  # a region could not be mapped (logged once)
         self.trace_ack: Callable[[int, int], None] | None = None  # the tracer's push_acked, while tracing
         self._req = 0
         self.requests: dict[int, Entry] = {}  # ASSIGN request id -> the entry that asked
@@ -191,26 +191,28 @@ class KVClient:
             return
         e, p = ep
         if not p.inited:
+            p.shm = p.shm_push = None  # a region of before (another server's, or another generation's) is gone
             body = msg.body()
             if body:  # the server's shared-memory region for this key (pushpull.transport.shm)
-                self._attach(p, decode_json(body).get("shm"))
+                d = decode_json(body)
+                self._attach(p, d.get("shm") if isinstance(d, dict) else None)
             p.inited = True
             self.upper.on_inited(e)
 
     def _attach(self, p: Partition, desc) -> None:
         """Map the region ``desc`` a server gave ``p``'s key; if it cannot be mapped (another /dev/shm, a
-        file that is not what it should be), the key's payloads stay on the socket."""
+        file that is not what it should be), the key's payloads stay on the socket, and this worker offers
+        that server no more regions (each would be reserved for nothing)."""
         if desc is None or p.sock not in self.shm_socks:
             return
         try:
-            p.shm = shm.attach(desc, p.nbytes, self.num_workers)
+            region, slot = shm.attach(desc, p.nbytes, self.num_workers)
         except (shm.AttachError, OSError) as ex:
-            if not self._shm_refused:
-                log.warning("worker %d: shared memory of server %d not used, payloads go over the socket: %s",
-                            self.rank, p.server, ex)
-                self._shm_refused = True
+            log.warning("worker %d: shared memory of server %d not used, payloads go over the socket: %s",
+                        self.rank, p.server, ex)
+            self.shm_socks.discard(p.sock)
             return
-        p.shm_push = p.shm.push(self.rank)
+        p.shm, p.shm_push = region, region.push(slot)
 
     def _on_push_ack(self, msg: Msg) -> None:
         h = msg.header

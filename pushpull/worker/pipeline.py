@@ -35,7 +35,6 @@ from typing import Callable
 import numpy as np
 
 from pushpull.cluster.assign import part_key
-from pushpull.transport import shm
 from pushpull.transport.protocol import Flags, Msg, encode_json, f32_bits, split_backup_extra
 from pushpull.worker.average import NP_FLOAT, Averager
 from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
@@ -133,7 +132,7 @@ class Pipeline:
             offer = encode_json({**decl, "shm": True})
         itemsize = e.itemsize
         for p in parts:
-            shared = offer is not None and p.sock in kv.shm_socks and p.nbytes > shm.MIN_KEY_BYTES
+            shared = offer is not None and p.sock in kv.shm_socks and p.nbytes > kv.shm_min_bytes
             kv.init(p, e.code, p.nbytes // itemsize, offer if shared else body)
 
     def on_inited(self, e: Entry) -> None:
@@ -329,6 +328,8 @@ class Pipeline:
             return
         op.finished = True
         e = op.entry
+        if error is not None:
+            self._unshare_inflight(op)
         self.kv.drop(op, e.parts)
         if error is None and op.out is not None:
             try:
@@ -347,6 +348,15 @@ class Pipeline:
         if not self._completed:
             self.van.at_pass_end(self._release_completed)
         self._completed.append((op.handle, error, exc))
+
+    def _unshare_inflight(self, op: Op) -> None:
+        """``op`` failed with partitions still at their servers: a push of theirs in shared memory may not have
+        been read yet (or be held for the round's sum), and the next op would overwrite it. Those partitions
+        send their payloads over the socket from now on, so the round they are in sums what was pushed."""
+        inflight = self.kv.inflight
+        for p in op.entry.parts:
+            if p.shm_push is not None and inflight.get(p.key) is op:
+                p.shm_push = None
 
     def _release_completed(self) -> None:
         done, self._completed = self._completed, []
@@ -393,5 +403,6 @@ class Pipeline:
             e.round = 0
             for p in e.parts:
                 p.completed = 0  # the servers number rounds from 1 again too
+                p.shm = p.shm_push = None  # the servers stop sharing memory: slots were the ranks' of before
             if e.state is INITING:  # declarations pending, or moved to another server: declare again
                 self.send_inits(e, [p for p in e.parts if not p.inited])

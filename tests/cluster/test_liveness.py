@@ -170,3 +170,27 @@ def test_killed_node_without_launcher_is_reported_within_2s(victim, named):
     print(f"{victim} SIGKILLed: the other worker raised after {took:.2f}s: {m.group(1)}")
     assert named in m.group(1), m.group(1)
     assert took < 4, f"reported after {took:.1f}s"  # detection within 2 s, plus the process's own exit
+
+
+def test_a_role_whose_exit_blocks_after_sigterm_is_ended_within_the_grace():
+    """SIGTERM makes a scheduler or server exit cleanly, but an exit that blocks (a finalizer waiting forever,
+    as pyzmq's zero-copy garbage collector once did) must not keep it alive after its launcher: the kernel
+    ends it EXIT_GRACE_S later (SIGALRM)."""
+    from pushpull.launch.role import EXIT_GRACE_S
+
+    code = ("import atexit, os, signal, time\n"
+            "from pushpull.launch.role import exit_on_sigterm\n"
+            "signal.signal(signal.SIGTERM, exit_on_sigterm)\n"
+            "atexit.register(lambda: time.sleep(120))  # an exit that never ends by itself\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=EXIT_GRACE_S + 10)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert code == -signal.SIGALRM and EXIT_GRACE_S - 1 < took < EXIT_GRACE_S + 5, (code, took)

@@ -19,43 +19,46 @@ def regions(tmp_path):
 
 
 def test_a_worker_sees_what_the_server_writes_and_the_other_way(regions, tmp_path):
-    server = regions.create(7, 100_000, workers=3)
-    worker = shm.attach(server.describe(), 100_000, 3, str(tmp_path))
-    worker.push(2)[:] = 5
+    server = regions.create(7, 100_000, slots=3)
+    worker, slot = shm.attach(server.describe(2), 100_000, 3, str(tmp_path))
+    assert slot == 2
+    worker.push(slot)[:] = 5
     assert (server.push(2) == 5).all() and (server.push(1) == 0).all()
     server.out(1)[:] = 9
     assert (worker.out(1) == 9).all() and (worker.out(0) == 0).all()
 
 
 def test_the_file_is_private_to_this_user(regions):
-    region = regions.create(7, 100_000, workers=2)
+    region = regions.create(7, 100_000, slots=2)
     assert os.stat(region.path).st_mode & 0o777 == 0o600
 
 
-def test_a_region_the_announcement_does_not_match_is_refused(regions, tmp_path):
-    desc = regions.create(7, 100_000, workers=2).describe()
-    with pytest.raises(shm.AttachError, match="100000 bytes and 2 workers"):
-        shm.attach(desc, 100_000, 3, str(tmp_path))
+@pytest.mark.parametrize("change,workers", [({"nbytes": 99_999}, 3), ({"slot": 2}, 3), ({"slot": -1}, 3),
+                                            ({"slots": 3}, 2), ({"slot": "0"}, 3)])
+def test_a_region_the_announcement_does_not_match_is_refused(regions, tmp_path, change, workers):
+    desc = {**regions.create(7, 100_000, slots=2).describe(0), **change}
+    with pytest.raises(shm.AttachError, match="the key has 100000 bytes"):
+        shm.attach(desc, 100_000, workers, str(tmp_path))
 
 
 @pytest.mark.parametrize("name", ["../etc/passwd", "pushpull-abc-k1", "pushpull-" + "0" * 32 + "-k1/../x", None])
 def test_a_name_of_another_form_is_refused_before_any_open(tmp_path, name):
     with pytest.raises(shm.AttachError, match="unexpected region name"):
-        shm.attach({"name": name, "nbytes": 100_000, "workers": 2}, 100_000, 2, str(tmp_path))
+        shm.attach({"name": name, "nbytes": 100_000, "slots": 2, "slot": 0}, 100_000, 2, str(tmp_path))
 
 
 def test_a_file_others_can_read_is_refused(regions, tmp_path):
-    region = regions.create(7, 100_000, workers=2)
+    region = regions.create(7, 100_000, slots=2)
     os.chmod(region.path, 0o644)
     with pytest.raises(shm.AttachError, match="mode 0600"):
-        shm.attach(region.describe(), 100_000, 2, str(tmp_path))
+        shm.attach(region.describe(0), 100_000, 2, str(tmp_path))
 
 
 def test_a_file_of_another_size_is_refused(regions, tmp_path):
-    region = regions.create(7, 100_000, workers=2)
+    region = regions.create(7, 100_000, slots=2)
     os.truncate(region.path, 4096)
-    with pytest.raises(shm.AttachError, match="bytes"):
-        shm.attach(region.describe(), 100_000, 2, str(tmp_path))
+    with pytest.raises(shm.AttachError, match="4096 bytes"):
+        shm.attach(region.describe(0), 100_000, 2, str(tmp_path))
 
 
 def test_a_symbolic_link_is_not_followed(tmp_path):
@@ -64,33 +67,40 @@ def test_a_symbolic_link_is_not_followed(tmp_path):
     target.write_bytes(b"\0" * 4096 * 4)
     os.symlink(target, tmp_path / name)
     with pytest.raises(shm.AttachError, match="cannot be opened"):
-        shm.attach({"name": name, "nbytes": 4096, "workers": 2}, 4096, 2, str(tmp_path))
+        shm.attach({"name": name, "nbytes": 4096, "slots": 2, "slot": 0}, 4096, 2, str(tmp_path))
 
 
 def test_a_missing_file_says_which_shm_it_looked_in(tmp_path):
     name = "pushpull-" + "b" * 32 + "-k1"
     with pytest.raises(shm.AttachError, match="server's /dev/shm"):
-        shm.attach({"name": name, "nbytes": 4096, "workers": 2}, 4096, 2, str(tmp_path))
+        shm.attach({"name": name, "nbytes": 4096, "slots": 2, "slot": 0}, 4096, 2, str(tmp_path))
 
 
 def test_the_server_keeps_room_for_the_rest_of_the_machine(regions, monkeypatch):
     free = os.statvfs(regions.dir).f_bavail * os.statvfs(regions.dir).f_frsize
     monkeypatch.setattr(shm, "HEADROOM_BYTES", free)  # nothing may be taken
-    assert regions.create(7, 100_000, workers=2) is None
+    assert regions.create(7, 100_000, slots=2) is None
     assert "keeps" in regions.refused and "key 7" in regions.refused
     assert not os.listdir(regions.dir)
 
 
+def test_the_server_keeps_room_in_the_machines_memory(regions, monkeypatch):
+    monkeypatch.setattr(shm, "_memory", lambda: (1 << 30, 1 << 32))  # 1 GiB available of 4: keeps 1 GiB
+    assert regions.create(7, 100_000, slots=2) is None
+    assert regions.refused.startswith("the machine's memory has 1024 MiB free and keeps 1024 MiB")
+    assert not os.listdir(regions.dir)
+
+
 def test_a_name_taken_already_is_not_reused(regions):
-    first = regions.create(7, 100_000, workers=2)
-    assert regions.create(7, 100_000, workers=2) is None  # O_EXCL: never opens a file it did not create
+    first = regions.create(7, 100_000, slots=2)
+    assert regions.create(7, 100_000, slots=2) is None  # O_EXCL: never opens a file it did not create
     assert "could not be created" in regions.refused
     assert os.path.exists(first.path)
 
 
 def test_unlinking_keeps_the_mappings(regions, tmp_path):
-    region = regions.create(7, 100_000, workers=2)
-    worker = shm.attach(region.describe(), 100_000, 2, str(tmp_path))
+    region = regions.create(7, 100_000, slots=2)
+    worker, _ = shm.attach(region.describe(0), 100_000, 2, str(tmp_path))
     regions.unlinked(7)
     assert not os.listdir(tmp_path)
     worker.push(0)[:] = 3
@@ -99,7 +109,7 @@ def test_unlinking_keeps_the_mappings(regions, tmp_path):
 
 def test_every_file_still_named_goes_at_exit(regions, tmp_path):
     for key in (1, 2, 3):
-        regions.create(key, 70_000, workers=2)
+        regions.create(key, 70_000, slots=2)
     regions.unlink_all()
     assert not os.listdir(tmp_path)
 
@@ -109,6 +119,7 @@ def test_every_file_still_named_goes_at_exit(regions, tmp_path):
 def _key(regions, dtype: str, workers: int, numel: int = 40_000) -> tuple[KeyState, shm.Region]:
     ks = KeyState(3, "w", dtype, numel, workers)
     ks.shm = regions.create(3, ks.wire_nbytes, workers)
+    ks.shm_slot = {r: r for r in range(workers)}
     return ks, ks.shm
 
 

@@ -287,3 +287,90 @@ def test_compressed_backup_round_is_averaged_over_the_pushes_it_holds():
     hw.deliver(resp)
     hw.pump()
     assert op.handle.error is None and torch.equal(op.out, x)
+
+
+# ---------------------------------------------------------------- shared memory (pushpull.transport.shm) --
+
+class ShmHarness(Harness):
+    """The same stand-in, its servers on this host: INIT_ACK gives each key a real region in /dev/shm, and a
+    push flagged SHM is read from this rank's slot and answered in output ``round % 2``, as a server does."""
+
+    def __init__(self, **kw):
+        from pushpull.transport import shm
+
+        super().__init__(**kw)
+        self.regions = shm.Regions()
+        self.kv.shm_socks = {"s0", "s1"}
+        self.kv.num_workers = 2
+        self.kv.shm_min_bytes = 0
+        self.stats["shm_pushes"] = 0
+        self.pushes: list[Header] = []
+
+    def answer(self, sid, h, frames):
+        if h.type == MsgType.INIT:
+            region = self.regions.create(h.key, h.numel * 4, 1)
+            return [Msg(Header(MsgType.INIT_ACK, key=h.key, gen=h.gen), [encode_json({"shm": region.describe(0)})])]
+        if h.type == MsgType.PUSH and h.flags & Flags.SHM:
+            self.pushes.append(h)
+            region = self.regions.named[h.key]
+            total = self.combine(torch.from_numpy(region.push(0).view(np.float32).copy()))
+            region.out(h.round % 2).view(np.float32)[:] = total.numpy()
+            return [Msg(Header(MsgType.PULL_RESP, key=h.key, round=h.round, gen=h.gen, flags=Flags.SHM,
+                               extra=h.round % 2), [b""])]
+        if h.type == MsgType.PUSH:
+            self.pushes.append(h)
+        return super().answer(sid, h, frames)
+
+
+@pytest.fixture
+def shm_harness():
+    hw = ShmHarness(size=2, partition_bytes=16)
+    yield hw
+    hw.regions.unlink_all()
+
+
+def test_a_push_through_shared_memory_carries_no_body_and_its_sum_is_read_from_the_output(shm_harness):
+    hw = shm_harness
+    for rnd in (1, 2, 3):  # both outputs, then the first again
+        x = torch.arange(8, dtype=torch.float32) * rnd
+        op = hw.submit("t", x)
+        hw.pump()
+        assert op.handle.error is None and torch.equal(op.out, x)  # (x + x) / 2
+    assert len(hw.pushes) == 6 and all(h.flags & Flags.SHM for h in hw.pushes)
+    assert hw.stats["shm_pushes"] == 6
+
+
+def test_an_answer_naming_an_output_the_key_lacks_fails_the_op(shm_harness):
+    hw = shm_harness
+    op = hw.submit("t", torch.ones(4))
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    resp = hw.held[0]
+    resp.header.extra = 7
+    hw.deliver(resp)
+    hw.pump()
+    assert "shared memory output 7" in op.handle.error
+
+
+def test_after_a_failed_op_its_partitions_still_out_push_over_the_socket(shm_harness):
+    """A failed op's partition whose push may still wait at its server (unread, or held for the sum) must not
+    have its slot overwritten by the next op: from then on it pushes in the message body. A partition
+    answered before the failure keeps its slot."""
+    hw = shm_harness
+    op = hw.submit("t", torch.ones(12))  # three partitions
+    hw.pump(hold=frozenset({MsgType.PULL_RESP}))
+    good, bad, out = hw.held
+    hw.held = []
+    hw.deliver(good)
+    bad.header.extra = 7  # this answer fails the op; the third partition is still at its server
+    hw.deliver(bad)
+    hw.pump()
+    assert op.handle.error
+    part = {p.key: p for p in op.entry.parts}
+    assert part[good.header.key].shm_push is not None
+    assert part[bad.header.key].shm_push is None and part[out.header.key].shm_push is None
+    hw.pushes.clear()
+    op2 = hw.submit("t", torch.full((12,), 3.0))
+    hw.pump()
+    assert op2.handle.error is None and torch.equal(op2.out, torch.full((12,), 3.0))
+    flagged = {h.key: bool(h.flags & Flags.SHM) for h in hw.pushes}
+    assert flagged == {good.header.key: True, bad.header.key: False, out.header.key: False}
