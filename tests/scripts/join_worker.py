@@ -25,5 +25,10 @@ print(f"JOIN rank {r} last {last} after {after[0].item()}", flush=True)
 if last != n - 1 or after[0].item() != n:
     print("FAIL: wrong join result", flush=True)
     sys.exit(3)
+for rnd in range(3):  # a large key again (shared memory before the join, on servers on this host)
+    big = bps.push_pull(torch.full((300_000,), float(rnd)), average=False, name="join.big")
+    if not torch.equal(big, torch.full((300_000,), float(rnd * n))):
+        print(f"FAIL: after the join, big round {rnd} summed {big[0].item()}", flush=True)
+        sys.exit(3)
 bps.shutdown()
 print("ALL-OK", flush=True)
