@@ -16,7 +16,9 @@ def exit_on_sigterm(*_) -> None:
     handlers run (a server unlinks its shared memory), but within EXIT_GRACE_S. A finalizer that blocks must
     not keep the process alive after its launcher: pyzmq's zero-copy garbage collector was seen blocking
     forever in a send during interpreter shutdown. Once shutdown has begun, no Python thread can run, so the
-    guard is a kernel timer whose signal's default action ends the process."""
+    guard is a kernel timer whose signal's default action ends the process. A second SIGTERM is ignored: it
+    would re-arm the timer and interrupt the at-exit handlers it lets run."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(EXIT_GRACE_S)
     sys.exit(143)

@@ -132,10 +132,14 @@ class Server:
         log.info("%s ready on %s:%d for %d workers", nodes.describe(self.node_id), self.host, self.port,
                  self.num_workers)
         code = 0
-        while not self.member.terminated.wait(0.2):
-            if self.member.failure:
-                code = 1
-                break
+        try:
+            while not self.member.terminated.wait(0.2):
+                if self.member.failure:
+                    code = 1
+                    break
+        finally:  # SIGTERM raises SystemExit in this wait: the files still named go first, before anything can block
+            if self.regions is not None:
+                self.regions.unlink_all()
         summary = self.dropped_summary()
         if summary:
             log.warning("%s: %s", nodes.describe(self.node_id), summary)
@@ -163,12 +167,17 @@ class Server:
         self.sparse.fail_all("the workers changed (elastic training)")
         self.joined.clear()
         self.gen = int(d["gen"])
+        rank_now = {int(first): int(now) for first, now in d["ranks"].items()}
+        # the end of a join() keeps every rank where it was: shared regions stay (the workers keep theirs too)
+        same = ("joined_last" in d and int(d["num_workers"]) == self.num_workers
+                and all(now == (self.rank_now or {}).get(first, first) for first, now in rank_now.items()))
         self.num_workers = int(d["num_workers"])
-        self.rank_now = {int(first): int(now) for first, now in d["ranks"].items()}
+        self.rank_now = rank_now
         for ks in self.keys.values():
-            if ks.shm is not None:  # its slots belong to the ranks of before; the new ones use the socket
+            if ks.shm is not None and not same:  # its slots belong to the ranks of before: the socket from now
                 ks.stop_sharing()
                 self.regions.unlinked(ks.key)
+            ks.shm_ranks = set()
             ks.reset(self.num_workers)
         self.pending_inits.clear()  # the workers declare again what was pending
         (log.info if "joined_last" in d else log.warning)("workers changed (%s): generation %d, %d workers",
@@ -361,7 +370,9 @@ class Server:
             ks.shm = self.regions.create(key, ks.wire_nbytes, len(offered))
             if ks.shm is not None:
                 ks.shm_slot = {r: i for i, r in enumerate(offered)}
-                ks.shm_unseen = set(offered)
+                ks.shm_unseen = set(offered) - self.joined  # a rank that joined since it declared will not push
+                if not ks.shm_unseen:
+                    self.regions.unlinked(key)
         self.keys[key] = ks
         for r, (ident, req_id, _) in pend["by"].items():
             body = [encode_json({"shm": ks.shm.describe(ks.shm_slot[r])})] if r in ks.shm_slot else []
@@ -483,6 +494,8 @@ class Server:
 
     def _serve_one(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
+        if h.gen != self.gen:  # queued before the workers changed (a RESET since): its round no longer exists
+            return
         try:
             if ks.store is not None:
                 self._async_op(identity, msg, ks)

@@ -37,6 +37,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
+CGROUP_ROOT = "/sys/fs/cgroup"  # this process's memory cgroup is below it, at the path SELF_CGROUP gives
+SELF_CGROUP = "/proc/self/cgroup"
 PAGE = 4096
 OUTS = 2  # outputs per key: a server keeps two rounds (pushpull.server.keystate)
 # keys up to this size keep their payload on the socket: a copy into shared memory costs about what the
@@ -153,13 +155,48 @@ class Regions:
 
 
 def _memory() -> tuple[int, int]:
-    """(available, total) bytes of the machine's memory (Linux's MemAvailable); unbounded where unknown."""
+    """(available, total) bytes of memory for this process: the machine's (Linux's MemAvailable), or its
+    container's where that is less (its memory cgroup's limit, which a region's pages are charged to);
+    unbounded where unknown."""
     try:
         with open("/proc/meminfo") as f:
             fields = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line)}
-        return fields["MemAvailable"], fields["MemTotal"]
+        avail, total = fields["MemAvailable"], fields["MemTotal"]
     except (OSError, KeyError, ValueError):
-        return 1 << 62, 0
+        avail, total = 1 << 62, 0
+    group = _cgroup_memory()
+    if group is not None:
+        limit, used = group
+        avail, total = min(avail, limit - used), min(total, limit) if total else limit
+    return avail, total
+
+
+def _cgroup_memory() -> tuple[int, int] | None:
+    """(limit, usage) of this process's memory cgroup (v2 ``memory.max``, or v1 ``memory.limit_in_bytes``);
+    None without one or without a limit."""
+    try:
+        with open(SELF_CGROUP) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for hid, controllers, path in (x for x in lines if len(x) == 3):
+        if hid == "0" and controllers == "":
+            files = os.path.join(CGROUP_ROOT, path.lstrip("/")), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            files = os.path.join(CGROUP_ROOT, "memory", path.lstrip("/")), "memory.limit_in_bytes", \
+                "memory.usage_in_bytes"
+        else:
+            continue
+        try:
+            with open(os.path.join(files[0], files[1])) as f:
+                limit = f.read().strip()
+            with open(os.path.join(files[0], files[2])) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # v2 says "max", v1 a huge number, for no limit
+            return int(limit), used
+    return None
 
 
 def _remove(path: str) -> None:

@@ -522,6 +522,10 @@ class Engine:
         if new_rank is None:
             self.member.fail(f"this worker was dropped from the job ({d.get('lost')})")
             return
+        # the end of a join() keeps every rank where it was: shared-memory regions stay (the servers keep theirs)
+        # (decided as the servers decide: every rank the one it registered as, the size unchanged)
+        keep_shared = ("joined_last" in d and int(d["num_workers"]) == self.averager.size
+                       and all(int(first) == int(now) for first, now in d["ranks"].items()))
         self.kv.gen = int(d["gen"])
         self.kv.rank = int(new_rank)
         self.averager.resize(int(d["num_workers"]))
@@ -530,7 +534,7 @@ class Engine:
                   f"(generation {self.gen})")
         (log.info if "joined_last" in d else log.warning)("%s", reason)
         self.changed_unseen = True
-        self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()})
+        self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()}, keep_shared)
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
             self.changed_unseen = False
             self._join_last = int(d["joined_last"])

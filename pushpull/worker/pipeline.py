@@ -378,9 +378,11 @@ class Pipeline:
             for op in waiting:
                 self.finish(op, f"tensor {e.name!r}: {reason}", exc)
 
-    def restart(self, reason: str, moved: dict[int, int]) -> None:
+    def restart(self, reason: str, moved: dict[int, int], keep_shared: bool = False) -> None:
         """The workers changed (elastic): every op fails with WorkersChanged, the partitions of a lost server
-        move (and are declared again), and every tensor's rounds start again from 1."""
+        move (and are declared again), and every tensor's rounds start again from 1. Shared-memory regions
+        are dropped (their slots were the ranks' of before) unless ``keep_shared``: the end of a join(), which
+        keeps every rank, as the servers then do."""
         kv = self.kv
         self.changed_reason = reason
         for op in list(kv.inflight.values()):
@@ -403,6 +405,7 @@ class Pipeline:
             e.round = 0
             for p in e.parts:
                 p.completed = 0  # the servers number rounds from 1 again too
-                p.shm = p.shm_push = None  # the servers stop sharing memory: slots were the ranks' of before
+                if not keep_shared:  # the servers stop sharing memory: slots were the ranks' of before
+                    p.shm = p.shm_push = None
             if e.state is INITING:  # declarations pending, or moved to another server: declare again
                 self.send_inits(e, [p for p in e.parts if not p.inited])

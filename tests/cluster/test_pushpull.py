@@ -158,6 +158,13 @@ def test_join_returns_the_last_rank_to_join_and_the_job_goes_on(join_job):
         ("0", "2", "3.0"), ("1", "2", "3.0"), ("2", "2", "3.0")], join_job[-3000:]
 
 
+def test_a_join_keeps_large_keys_in_shared_memory(join_job):
+    """The end of a join() keeps every rank, so servers and workers keep their shared-memory regions: rank r's
+    3 (r + 1) pushes of the large key before it and 3 after all go through shared memory."""
+    pushes = {int(r): int(c) for r, c in re.findall(r"JOIN-SHM rank (\d) pushes (\d+)", join_job)}
+    assert pushes == {r: 3 * (r + 1) + 3 for r in range(3)}, join_job[-3000:]
+
+
 def _pids_with_port(port: int) -> list[int]:
     """Processes whose environment names this job's scheduler port."""
     marker = f"DMLC_PS_ROOT_PORT={port}".encode()

@@ -30,5 +30,6 @@ for rnd in range(3):  # a large key again (shared memory before the join, on ser
     if not torch.equal(big, torch.full((300_000,), float(rnd * n))):
         print(f"FAIL: after the join, big round {rnd} summed {big[0].item()}", flush=True)
         sys.exit(3)
+print(f"JOIN-SHM rank {r} pushes {bps.engine().stats['shm_pushes']}", flush=True)
 bps.shutdown()
 print("ALL-OK", flush=True)

@@ -142,3 +142,34 @@ def test_one_workers_push_is_copied_to_the_output(regions):
     region.push(0).view(np.float32)[:] = 4.5
     done = ks.push(1, 0, region.push(0).view(np.float32))
     assert (region.out(1).view(np.float32) == 4.5).all() and done.out.ctypes.data == region.out(1).ctypes.data
+
+
+# ---------------------------------------------------------------- a container's memory limit --
+
+def _cgroup(tmp_path, monkeypatch, self_cgroup: str, files: dict) -> None:
+    (tmp_path / "self").write_text(self_cgroup)
+    for rel, text in files.items():
+        (tmp_path / "root" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "root" / rel).write_text(text)
+    monkeypatch.setattr(shm, "SELF_CGROUP", str(tmp_path / "self"))
+    monkeypatch.setattr(shm, "CGROUP_ROOT", str(tmp_path / "root"))
+
+
+def test_a_cgroup_v2_limit_is_read(tmp_path, monkeypatch):
+    _cgroup(tmp_path, monkeypatch, "0::/job/a\n", {"job/a/memory.max": "1073741824\n",
+                                                   "job/a/memory.current": "268435456\n"})
+    assert shm._cgroup_memory() == (1 << 30, 1 << 28)
+    avail, total = shm._memory()
+    assert avail <= (1 << 30) - (1 << 28) and total <= 1 << 30
+
+
+def test_a_cgroup_v1_limit_is_read(tmp_path, monkeypatch):
+    _cgroup(tmp_path, monkeypatch, "5:cpu:/\n4:memory:/job/b\n0::/\n",
+            {"memory/job/b/memory.limit_in_bytes": "2147483648\n", "memory/job/b/memory.usage_in_bytes": "1024\n"})
+    assert shm._cgroup_memory() == (1 << 31, 1024)
+
+
+@pytest.mark.parametrize("limit", ["max\n", "9223372036854771712\n"])
+def test_no_cgroup_limit_leaves_the_machines_memory(tmp_path, monkeypatch, limit):
+    _cgroup(tmp_path, monkeypatch, "0::/job/c\n", {"job/c/memory.max": limit, "job/c/memory.current": "1\n"})
+    assert shm._cgroup_memory() is None
