@@ -28,9 +28,9 @@ from pushpull.transport.protocol import (
     Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32, decode_json, dtype_code, dtype_name,
     encode_json,
 )
+from pushpull.transport import shm
 from pushpull.transport.lane import lane_key
 from pushpull.transport.memory import keep_freed_buffers
-from pushpull.transport import shm
 from pushpull.transport.security import auth_for, is_loopback
 from pushpull.transport.van import Van
 
@@ -146,8 +146,6 @@ class Server:
         for q in self.engines:
             q.put(None)
         self.van.stop()
-        if self.regions is not None:
-            self.regions.unlink_all()
         if self.trace is not None:
             self.trace.flush()
         return code
