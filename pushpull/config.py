@@ -221,8 +221,8 @@ SETTINGS: tuple[Setting, ...] = (
       "loopback TCP."),
     S("local_shm", [], True, _bool, "0 | 1",
       "Workers on a loopback server's host exchange the payloads of keys over 64 KiB through shared memory "
-      "(/dev/shm, one region per key, mode 0600, reserved up front, unlinked once each worker has pushed through it): a worker "
-      "copies its partition once into its slot, the server sums from the slots into the region, and the workers "
+      "(/dev/shm, one region per key, mode 0600, reserved up front, unlinked once each worker has pushed "
+      "through it): a worker copies its partition once into its slot, the server sums from the slots into the region, and the workers "
       "read the sum from there, while the socket (PUSHPULL_LOCAL_IPC) carries only headers. Plain sums, minima, "
       "maxima and products of uncompressed tensors, without elastic training, backup workers or the local "
       "reduce, and not with PUSHPULL_AUTH=curve (payloads in memory files are not encrypted); the rest, and a "
