@@ -26,8 +26,8 @@ from pushpull.cluster.address import server_address
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
 from pushpull.config import Config, WorkerIdentity, max_partition_bytes
-from pushpull.transport.protocol import Flags, Header, MsgType, decode_json, encode_json
 from pushpull.transport import shm
+from pushpull.transport.protocol import Flags, Header, MsgType, decode_json, encode_json
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van

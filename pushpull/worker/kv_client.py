@@ -57,7 +57,7 @@ class KVClient:
         self.window: AutoWindow | None = None
         self.send_next: Callable[[tuple, int], None] | None = None
         # the sockets of servers on this host that may give a key a shared-memory region (PUSHPULL_LOCAL_SHM),
-        # and the job's size (a region has a slot per worker); set by the engine at start
+        # and the job's size (no region has more slots than workers); set by the engine at start
         self.shm_socks: set[str] = set()
         self.shm_min_bytes = shm.MIN_KEY_BYTES  # partitions up to this size keep their payload on the socket
         self.num_workers = 0
