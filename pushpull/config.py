@@ -210,10 +210,16 @@ SETTINGS: tuple[Setting, ...] = (
       "is sent and answered on the caller's own thread, skipping the communication thread's two hand-offs "
       "(what each path costs: `pushpull bench latency`, docs/results.md, Transport)."),
     S("direct_lane", [], True, _bool, "0 | 1",
-      "Servers whose ZeroMQ traffic is not encrypted (PLAIN on loopback, PUSHPULL_AUTH=plain or none) also "
-      "listen for direct lanes: plain TCP, authenticated with an HMAC of the job secret, on which the direct "
-      "path (PUSHPULL_DIRECT_BYTES) sends and receives from the caller's thread without libzmq's I/O threads "
-      "(docs/results.md, Transport). 0: the direct path uses ZeroMQ."),
+      "Servers also listen for lanes: plain sockets (TCP, or an abstract Unix socket on loopback) whose peers "
+      "prove with an HMAC that they hold the job secret, encrypted with AES-128-GCM where ZeroMQ would use "
+      "CURVE (docs/security.md). On them the direct path (PUSHPULL_DIRECT_BYTES) sends and receives from the "
+      "caller's thread without libzmq's I/O threads (docs/results.md, Transport), and workers carry their "
+      "pushes and pulls (PUSHPULL_DATA_LANE). 0: no lanes; everything over ZeroMQ."),
+    S("data_lane", [], True, _bool, "0 | 1",
+      "A worker's pushes and pulls to a server it reaches over TCP go through a lane (PUSHPULL_DIRECT_LANE) "
+      "from its communication thread: large messages are read straight into their own buffers, and between "
+      "machines each frame is encrypted once with AES-128-GCM instead of CURVE's copies "
+      "(docs/results/line_rate.md). 0: over the ZeroMQ connection, as before."),
     S("local_ipc", [], True, _bool, "0 | 1",
       "A server reached on loopback also listens on an abstract Unix socket (ZeroMQ ipc, scoped to the network "
       "namespace as loopback is, with the same authentication), and the workers of its host send their pushes "
@@ -391,6 +397,7 @@ class Config:
     batch_bytes: int
     direct_bytes: int
     direct_lane: bool
+    data_lane: bool
     local_ipc: bool
     local_shm: bool
     threadpool_size: int

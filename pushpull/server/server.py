@@ -29,7 +29,7 @@ from pushpull.transport.protocol import (
     encode_json,
 )
 from pushpull.transport import shm
-from pushpull.transport.lane import lane_key
+from pushpull.transport.lane import lane_key, lane_sealed
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for, is_loopback
 from pushpull.transport.van import Van
@@ -78,12 +78,14 @@ class Server:
         except zmq.ZMQError as e:
             raise bind_error(listen, 0, e) from None
         info = {"role": "server", "host": self.host, "port": self.port}
-        # the direct lane (pushpull.transport.lane): plain TCP for the workers' direct path, where ZeroMQ's
-        # traffic is not encrypted either; its messages reach _handle like the ROUTER's
-        if cfg.direct_lane and (self.van.auth is None or self.van.auth.lane_allowed(self.host)):
+        # lanes (pushpull.transport.lane): plain sockets for the workers' direct path and their pushes and pulls,
+        # encrypted where ZeroMQ's traffic is (pushpull.transport.seal); their messages reach _handle like the
+        # ROUTER's
+        if cfg.direct_lane:
             try:
                 info["lane"] = self.van.bind_lane(SOCK, listen, lane_key(self.van.auth), cfg.max_message_bytes,
-                                                  local=is_loopback(self.host), advertised=self.host)
+                                                  local=is_loopback(self.host) and cfg.local_ipc, advertised=self.host,
+                                                  sealed=lane_sealed(self.van.auth, self.host))
             except OSError as e:
                 raise bind_error(listen, 0, e) from None
         # workers on this host push and pull over an abstract Unix socket instead of loopback TCP (Van.bind_ipc)

@@ -85,10 +85,10 @@ class JobAuth:
             return "plain" if is_loopback(host) else "curve"
         return self.mode
 
-    def lane_allowed(self, host: str) -> bool:
-        """Whether a server on ``host`` may offer direct lanes (pushpull.transport.lane): only where its
-        ZeroMQ traffic is not encrypted either (PLAIN), so a lane never downgrades CURVE."""
-        return self.mechanism(host) == "plain"
+    def lane_sealed(self, host: str) -> bool:
+        """Whether the lanes (pushpull.transport.lane) of a server on ``host`` are encrypted
+        (pushpull.transport.seal): wherever its ZeroMQ traffic is (CURVE), so a lane never downgrades it."""
+        return self.mechanism(host) == "curve"
 
     def listen(self, sock: zmq.Socket, host: str) -> None:
         """Make ``sock`` (before it binds on ``host``) admit only job members."""

@@ -36,7 +36,7 @@ import zmq
 import zmq.backend
 from zmq.utils.monitor import recv_monitor_message
 
-from pushpull.transport.lane import LaneServer
+from pushpull.transport.lane import LaneError, LaneServer
 from pushpull.transport.ratelimit import RateLimitedLog
 from pushpull.transport.protocol import (
     BATCHED_OVERHEAD, Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch,
@@ -89,7 +89,8 @@ class Van:
         self._monitors: dict[zmq.Socket, Callable[[int, str], None]] = {}  # monitor socket -> handler
         self._poller = zmq.Poller()
         self._lanes: dict[str, LaneServer] = {}  # ROUTER name -> its direct lane (pushpull.transport.lane)
-        self._lane_fds: dict[int, LaneServer] = {}  # descriptor -> the lane it belongs to
+        self._lane_fds: dict[int, object] = {}  # descriptor -> the lane it belongs to (its ready(fd, events))
+        self._dealer_lanes: dict[str, _DealerLane] = {}  # DEALER name -> the lane that carries its messages
         # ZeroMQ socket operations on the I/O thread, and registration changes: see _quiet_wait
         self._zmq_ops = 0
         self._poll_version = 0
@@ -174,33 +175,51 @@ class Van:
         self._add(sid, s, handler, router=False)
 
     def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0, local: bool = False,
-                  advertised: str | None = None) -> str:
+                  advertised: str | None = None, sealed: bool = False) -> str:
         """Beside ROUTER ``sid`` (bound first), listen on ``host`` (or, ``local``, on an abstract Unix socket) for
         direct lanes (plain sockets from a worker's calling thread, :mod:`pushpull.transport.lane`); returns
         the lane's address. Their messages go to ``sid``'s handler with the lane's proven identity, and a
-        send to that identity on ``sid`` takes the lane. Must be called before :meth:`start`."""
+        send to that identity on ``sid`` takes the lane. ``sealed``: its connections are encrypted
+        (pushpull.transport.seal). Must be called before :meth:`start`."""
         _, handler, _ = self._handlers[self._sockets[sid]]
-        fds = self._lane_fds
-
-        def watch(fd: int, events: int) -> None:
-            if events:
-                if fd not in fds:
-                    fds[fd] = lane
-                self._poller.register(fd, events)  # registering again changes the events
-            elif fd in fds:
-                del fds[fd]
-                self._poller.unregister(fd)
-            self._poll_version += 1
 
         def deliver(identity: bytes, frames: list) -> None:
             self._dispatch(sid, identity, frames, handler, True)
 
-        lane = LaneServer(host, key, max_message_bytes, watch, deliver, self.peer_log, local=local,
-                          advertised=advertised)
+        lane = LaneServer(host, key, max_message_bytes, lambda fd, ev: self._watch(lane, fd, ev), deliver,
+                          self.peer_log, local=local, advertised=advertised, sealed=sealed)
         lane.start()
         self._lanes[sid] = lane
         self.call_later(1.0, lane.check_hellos, every=1.0)
         return lane.address
+
+    def _watch(self, owner, fd: int, events: int) -> None:
+        """(Re)register plain descriptor ``fd`` of ``owner`` (a lane, whose ``ready(fd, events)`` the loop
+        calls) for ``events``; 0 unregisters it. On the I/O thread, or before :meth:`start`."""
+        fds = self._lane_fds
+        if events:
+            fds[fd] = owner
+            self._poller.register(fd, events)  # registering again changes the events
+        elif fd in fds:
+            del fds[fd]
+            self._poller.unregister(fd)
+        self._poll_version += 1
+
+    def adopt_lane(self, sid: str, conn) -> None:
+        """Carry DEALER ``sid``'s messages, both ways, over ``conn`` (a proven lane to the same server,
+        :meth:`pushpull.transport.lane.LaneClient.detach`) from now on; its answers go to ``sid``'s handler.
+        Should the lane break, ``sid`` falls back to the DEALER (what was in flight on the lane is lost; the
+        callers' deadlines and the membership report it). Thread-safe."""
+        def register() -> None:
+            _, handler, _ = self._handlers[self._sockets[sid]]
+            lane = _DealerLane(self, sid, conn, handler)
+            self._dealer_lanes[sid] = lane
+            self._watch(lane, conn.fd, READ_EVENTS)
+
+        if self._thread is None or threading.current_thread() is self._thread:
+            register()
+        else:
+            self.call_soon(register)
 
     def monitor(self, sid: str, events: int, on_event: Callable[[int, str], None]) -> None:
         """Call ``on_event(event, endpoint)`` on the I/O thread when libzmq reports one of ``events``
@@ -320,7 +339,7 @@ class Van:
         """On the I/O thread: hold a small message for its peer's batch, or send now. An identity with a
         direct lane is written at once: a lane carries one blocking call at a time, so nothing would
         join its batch, and its caller is waiting."""
-        if identity is not None and self._lanes:
+        if identity is not None and self._lanes and b"." in identity:  # a direct call's lane (w<rank>.l<thread>)
             lane = self._lanes.get(sid)
             if lane is not None and lane.send(identity, parts):
                 return
@@ -363,6 +382,11 @@ class Van:
             if lane is not None and lane.send(identity, parts):
                 return
             parts = [identity, *parts]
+        elif self._dealer_lanes:
+            lane = self._dealer_lanes.get(sid)
+            if lane is not None:
+                lane.send(parts)
+                return
         self._zmq_ops += 1
         try:
             last = len(parts) - 1
@@ -542,6 +566,8 @@ class Van:
     def _close(self) -> None:
         for lane in self._lanes.values():
             lane.close()
+        for lane in list(self._dealer_lanes.values()):
+            lane.close()
         for s in list(self._sockets.values()):
             if self._monitors:
                 try:
@@ -561,3 +587,68 @@ class Van:
         if self.auth is not None:
             self.auth.close(self.ctx)
         self.ctx.term()
+
+
+READ_EVENTS = 1  # pushpull.transport.lane.READ
+WRITE_EVENTS = 2
+
+
+class _DealerLane:
+    """A worker's lane to one server, in place of its DEALER: driven by the Van's loop like a server's lanes."""
+
+    def __init__(self, van: Van, sid: str, conn, handler: Callable) -> None:
+        self.van, self.sid, self.conn, self.handler = van, sid, conn, handler
+        self.chunk_view = memoryview(bytearray(1 << 18))
+
+    def send(self, parts) -> None:
+        c = self.conn
+        waiting = bool(c.head or c.queue)
+        try:
+            more = c.write(parts)
+        except OSError as e:
+            self.fail(f"write failed: {e}")
+            return
+        if more and not waiting:
+            self.van._watch(self, c.fd, READ_EVENTS | WRITE_EVENTS)
+
+    def ready(self, fd: int, events: int) -> None:
+        c = self.conn
+        if events & WRITE_EVENTS and (c.head or c.queue):
+            try:
+                more = c.flush()
+            except OSError as e:
+                self.fail(f"write failed: {e}")
+                return
+            if not more:
+                self.van._watch(self, c.fd, READ_EVENTS)
+        if not events & (READ_EVENTS | 4):
+            return
+        for _ in range(64):  # bounded: one busy lane cannot starve the others
+            try:
+                msgs = c.read(self.chunk_view)
+            except (BlockingIOError, InterruptedError):
+                return
+            except (OSError, LaneError) as e:  # pushpull.transport.seal.SealError is an OSError
+                self.fail(str(e))
+                return
+            if msgs is None:
+                self.fail("the server closed it")
+                return
+            for frames in msgs:
+                self.van._dispatch(self.sid, None, frames, self.handler, False)
+            if self.van._dealer_lanes.get(self.sid) is not self or c.reader.body is None:
+                return  # (go on only while a large message fills up)
+
+    def fail(self, why: str) -> None:
+        log.warning("%s: the lane to %s broke (%s); its messages go over ZeroMQ from now on", self.van.name,
+                    self.sid, why)
+        self.close()
+
+    def close(self) -> None:
+        if self.van._dealer_lanes.get(self.sid) is self:
+            del self.van._dealer_lanes[self.sid]
+        self.van._watch(self, self.conn.fd, 0)
+        try:
+            self.conn.sock.close()
+        except OSError:
+            pass

@@ -29,7 +29,7 @@ import zmq
 import zmq.backend
 
 from pushpull.cluster.nodes import worker_identity
-from pushpull.transport.lane import LaneClient, lane_key
+from pushpull.transport.lane import LaneClient, lane_key, lane_sealed
 from pushpull.transport.van import tcp_host
 from pushpull.transport.protocol import (
     Flags, Header, MsgType, ProtocolError, decode, decode_json, is_answer, unpack_batch,
@@ -79,8 +79,9 @@ class DirectPath:
             self._local.tid = next(self._thread_ids)
         address = self.lanes[sock]
         try:
+            host = tcp_host(self.servers[sock]) if sock in self.servers else "127.0.0.1"
             c = LaneClient(address, worker_identity(self.rank, f"l{self._local.tid}"), lane_key(self.auth),
-                           CONNECT_TIMEOUT_S, alive=alive)
+                           CONNECT_TIMEOUT_S, alive=alive, sealed=lane_sealed(self.auth, host))
         except OSError as e:
             reason = alive()
             if reason:

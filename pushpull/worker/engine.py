@@ -81,6 +81,7 @@ class Engine:
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
         self.local_reason = ""  # why not, when local_size > 1 and it is off
+        self.data_lanes: dict[str, str] = {}  # server socket -> "sealed" / "plain": its pushes and pulls go by lane
         self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
 
     # ------------------------------------------------------------ the layers' state, by its old names --
@@ -142,6 +143,7 @@ class Engine:
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", self.server_addrs[f"s{s['rank']}"],
                                     worker_identity(self.rank), self.kv.on_server_message, host=str(s["host"]))
+        self._open_data_lanes(book)
         # servers reached over their Unix socket share a host, so may share memory too (pushpull.transport.shm);
         # not with elastic training, which renumbers ranks and so a region's slots
         if self.cfg.local_shm and not self.cfg.min_workers and shm.available():
@@ -152,6 +154,37 @@ class Engine:
         self._start_local_reduce(book)
         self.started = True
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)
+
+    def _open_data_lanes(self, book: dict) -> None:
+        """Carry the pushes and pulls to each server reached over TCP through a lane (PUSHPULL_DATA_LANE;
+        pushpull.transport.lane), opened here before this worker sends that server anything, so that no
+        message of ours can overtake another on the other path. Why: libzmq's I/O thread adds its own hand-offs
+        to every message, and between machines CURVE copies every byte twice more to encrypt it; a lane reads a
+        large message straight into its own buffer and seals each frame once with AES-GCM
+        (pushpull.transport.seal). A lane that cannot be opened leaves that server on the DEALER, with a
+        warning."""
+        if not (self.cfg.data_lane and self.cfg.direct_lane):
+            return
+        from pushpull.transport.lane import LaneClient, lane_key, lane_sealed
+
+        for s in book["servers"]:
+            sock = f"s{s['rank']}"
+            if not s.get("lane") or not self.server_addrs[sock].startswith("tcp://"):
+                continue  # no lane offered, or an ipc socket (and its shared memory) on this host
+            try:
+                client = LaneClient(str(s["lane"]), worker_identity(self.rank), lane_key(self.van.auth),
+                                    min(self.cfg.register_timeout, self.cfg.timeout),
+                                    max_message=self.cfg.max_message_bytes,
+                                    alive=lambda: self.member.failure,
+                                    sealed=lane_sealed(self.van.auth, str(s["host"])))
+            except OSError as e:
+                if self.member.failure:
+                    raise ConnectionError(self.member.failure) from None
+                log.warning("worker %d: no lane to server %s at %s (%s); its pushes and pulls go over ZeroMQ",
+                            self.rank, s["rank"], s["lane"], e)
+                continue
+            self.van.adopt_lane(sock, client.detach())
+            self.data_lanes[sock] = "sealed" if client.session is not None else "plain"
 
     def _start_local_reduce(self, book: dict) -> None:
         """Reduce with this machine's other processes first (pushpull.worker.local_reduce), when every worker

@@ -53,10 +53,11 @@ def test_reader_refuses_frames_that_run_past_their_message():
         Reader(1000).feed(bytes(bad))
 
 
-def test_lanes_are_offered_only_where_zeromq_is_not_encrypted():
-    assert JobAuth("s3cret", "auto").lane_allowed("127.0.0.1")
-    assert not JobAuth("s3cret", "curve").lane_allowed("127.0.0.1")
-    assert JobAuth("s3cret", "plain").lane_allowed("10.1.2.3")
+def test_lanes_are_encrypted_exactly_where_zeromq_is():
+    assert not JobAuth("s3cret", "auto").lane_sealed("127.0.0.1")
+    assert JobAuth("s3cret", "auto").lane_sealed("10.1.2.3")
+    assert JobAuth("s3cret", "curve").lane_sealed("127.0.0.1")
+    assert not JobAuth("s3cret", "plain").lane_sealed("10.1.2.3")
 
 
 def test_the_lane_key_depends_on_the_secret():
