@@ -146,6 +146,25 @@ class CpuCosts:
                    cores=cores, shared_cores=shared_cores)
 
 
+def read_probe(path) -> dict | None:
+    """The latest row of a ``pushpull bench probe --out`` file that holds the CPU figures (``cpu_*``), or
+    None where there is none (a file written before they existed: nothing is charged)."""
+    import json
+    from pathlib import Path
+
+    best = None
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{i + 1}: not a JSON line ({e})") from None
+        if isinstance(row, dict) and "cpu_tcp_send" in row:
+            best = row
+    return best
+
+
 @dataclass
 class ClusterConfig:
     """The machines and the network the simulated job runs on.
@@ -336,6 +355,6 @@ class SimOptions:
 
 
 __all__ = [
-    "ClusterConfig", "Compression", "CpuCosts", "SimOptions", "BACKENDS", "per_call_costs",
+    "ClusterConfig", "Compression", "CpuCosts", "SimOptions", "BACKENDS", "per_call_costs", "read_probe",
     "parse_bandwidth", "parse_bytes", "parse_duration", "format_bandwidth", "format_bytes",
 ]
