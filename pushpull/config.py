@@ -244,6 +244,14 @@ SETTINGS: tuple[Setting, ...] = (
     S("fusion_threshold_bytes", [], _fusion.THRESHOLD_BYTES, _int_min(1), "integer >= 1",
       "Tensor-fusion buffer size for the 'fusion' strategy."),
     S("fusion_cycle_ms", [], _fusion.CYCLE_MS, _float_pos, "number > 0", "Tensor-fusion cycle time in milliseconds."),
+    S("host_probe", [], None, lambda s: s or None, "file path, or empty",
+      "A `pushpull bench probe --out` file of this machine: the 'auto' strategy charges its CPU cost per byte "
+      "(socket, ZeroMQ, CURVE where PUSHPULL_AUTH encrypts, sums) to every worker, server and ring rank when it "
+      "simulates the candidates, so on a fast link it sees where the processes' CPU, not the link, is the bound "
+      "(docs/simulator.md, CPU per byte). Empty: bytes cost no CPU in its predictions."),
+    S("shared_cores", [], None, _opt_float, "number > 0, or empty",
+      "With host_probe: every process of the job (workers, servers) runs on one machine with this many cores "
+      "between them (an emulated cluster on one machine); empty: each process has one core of its own."),
     S("strategy_warmup_steps", [], 2, _int_min(1), "integer >= 1",
       "Steps the 'fusion' and 'mgwfbp' strategies measure gradient-ready times (reducing as one buffer) "
       "before fixing their buffers from rank 0's measurement."),
@@ -399,6 +407,8 @@ class Config:
     backend: str
     fusion_threshold_bytes: int
     fusion_cycle_ms: float
+    host_probe: str | None
+    shared_cores: float | None
     strategy_warmup_steps: int
     mgwfbp_alpha: float | None
     mgwfbp_beta: float | None

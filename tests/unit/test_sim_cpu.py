@@ -134,3 +134,30 @@ def test_cpu_costs_reject_bad_values():
         CpuCosts(shared_cores=0)
     with pytest.raises(ValueError, match="encryption"):
         CpuCosts.from_probe(PROBE, encryption="rot13")
+
+
+def test_auto_plan_reads_the_host_probe_and_picks_the_ring_when_the_ps_is_cpu_bound(tmp_path):
+    from pushpull.torch.strategies import auto_plan
+
+    f = tmp_path / "host_probe.jsonl"
+    f.write_text(json.dumps({"kind": "cpu", **PROBE}) + "\n")
+    cpu = auto_plan.host_cpu(str(f), shared_cores=2, auth="auto")
+    assert cpu.worker_push == pytest.approx(PROBE["cpu_zmq_send"] + PROBE["cpu_curve_send"])
+    prof = model()
+    bw = 10e9 / 8
+
+    def pick(c):
+        clusters = {b: ClusterConfig(workers=4, servers=4, bandwidth=bw, backend=b, cpu=c)
+                    for b in ("ps", "allreduce")}
+        return auto_plan.rank_candidates(prof, clusters, True, 64 << 20, 1e-3)[0]["backend"]
+    assert pick(None) == "ps"
+    assert pick(cpu) == "allreduce"
+
+
+def test_auto_plan_without_a_host_probe_charges_nothing(tmp_path):
+    from pushpull.torch.strategies import auto_plan
+
+    f = tmp_path / "old.jsonl"
+    f.write_text(json.dumps(OLD_ROW) + "\n")
+    assert auto_plan.host_cpu(None) is None
+    assert auto_plan.host_cpu(str(f)) is None
