@@ -185,7 +185,12 @@ SETTINGS: tuple[Setting, ...] = (
       "the last key of a step each cost k x key / B on every link that no overlap hides (a fill and a drain), "
       "and the step's traffic per link does not grow with k: the keys shrink so that the fill and drain stay "
       "as short as at k = 4 (n = k = 8, 100 Mbit/s, 16 cores: BSP 1.44x the ring with the former default, 1.58x "
-      "with this one; docs/results/byteps_ps_vs_allreduce_n8_16cores.md)."),
+      "with this one; docs/results/byteps_ps_vs_allreduce_n8_16cores.md). Set by hand, it is checked once after "
+      "the first step: with fewer than 8 keys per server (the step's gradient bytes / (servers x largest key)) "
+      "where the default would give more, the worker logs a warning with both counts, because the fill and "
+      "the drain, each about servers x key / B, are then about 2 / (keys per server) of the step's transfer "
+      "(100 Mbit/s grid: 4 keys per server ran at 0.94x the ring, the default key at 1.38x; "
+      "pushpull/worker/keycheck.py)."),
     S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], None, _auto_or_int, "auto | integer >= 0 (0 = unlimited)",
       "Credit in partitions: how many partitions a worker may have pushed and not yet acknowledged (0 = no "
       "limit). auto (default; BytePS's default is 0): when the servers are on other hosts, a window of twice the "
