@@ -58,8 +58,9 @@ from pushpull.sim.validate import ValidationTable, cell, validate
 
 BEGIN = "<!-- validation:begin -->"
 END = "<!-- validation:end -->"
-LABELS = ["uncalibrated", "+host probe", "rate-calibrated", "rate+message-calibrated", "+optimizer (probe)"]
-SHORT = ["uncalibrated", "+host probe", "rate-calibrated", "rate+message", "+optimizer"]
+LABELS = ["uncalibrated", "+host probe", "rate-calibrated", "rate+message-calibrated", "+optimizer (probe)",
+          "+CPU per byte (host probe)", "+host probe with CPU per byte"]
+SHORT = ["uncalibrated", "+host probe", "rate-calibrated", "rate+message", "+optimizer", "+cpu", "+host probe+cpu"]
 OPT_FIELDS = ("update_lw_s", "step_lw_s", "step_s", "wake_s")
 OPT_PROBE = "docs/results/layerwise_probe.jsonl"
 HOST_PROBE = "docs/results/host_probe.jsonl"
@@ -128,27 +129,59 @@ def calibrated(row: dict, level: str) -> dict:
 
 def read_host_probes(path: str | None) -> dict[tuple, dict]:
     """(backend, workers) -> ``pushpull bench probe`` rows for it, ``t_small_s`` and ``t_stream_s``
-    averaged over the runs in the file."""
+    averaged over the runs in the file; under the key ``"cpu"`` the latest row with the CPU cost per
+    byte (``cpu_*`` fields; a ``--cpu-only`` row has no per-call figures)."""
     runs: dict[tuple, list[dict]] = {}
+    out: dict = {}
     if path and Path(path).exists():
         for line in Path(path).read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                runs.setdefault((r["backend"], int(r["workers"])), []).append(r)
-    return {k: {"t_small_s": statistics.mean(r["t_small_s"] for r in v),
-                "t_stream_s": statistics.mean(r["t_stream_s"] for r in v), "runs": len(v)}
-            for k, v in runs.items()}
+                if "cpu_tcp_send" in r:
+                    out["cpu"] = r
+                if "t_small_s" in r:
+                    runs.setdefault((r["backend"], int(r["workers"])), []).append(r)
+    out.update({k: {"t_small_s": statistics.mean(r["t_small_s"] for r in v),
+                    "t_stream_s": statistics.mean(r["t_stream_s"] for r in v), "runs": len(v)}
+                for k, v in runs.items()})
+    return out
 
 
-def with_host_probe(row: dict, probes: dict[tuple, dict]) -> dict:
+def cpu_costs(row: dict, probe: dict | None) -> dict | None:
+    """The CPU charge of a grid cell from the host probe's CPU figures: the emulated cluster runs every
+    host's processes on one machine, so they share its ``cpus`` cores; the PS pays CURVE where the job's
+    PUSHPULL_AUTH encrypts between hosts (``auto``, the default, and ``curve``), the ring never."""
+    if not probe:
+        return None
+    from pushpull.sim.config import CpuCosts
+
+    auth = str(row.get("auth") or "auto")
+    c = CpuCosts.from_probe(probe, encryption="curve" if auth in ("auto", "curve") else "none",
+                            shared_cores=float(row.get("cpus") or probe.get("cpus") or 1))
+    return None if c is None else dict(c.__dict__)
+
+
+def with_host_probe(row: dict, probes: dict[tuple, dict], cpu: bool = False) -> dict:
     """``row`` (uncalibrated) with the per-call costs the host probe measured for its backend and
     number of workers before any run (the path's delay, where the cell has one, stays added to the
-    latency); unchanged, and marked, where no probe matches."""
+    latency); unchanged, and marked, where no probe matches. ``cpu``: also its CPU cost per byte
+    (:func:`cpu_costs`), where the probe has it."""
+    extra = {}
+    if cpu:
+        c = cpu_costs(row, probes.get("cpu"))
+        if c is not None:
+            extra["cpu_costs"] = c
     pr = probes.get((row["backend"], int(row["workers"])))
     if not pr:
-        return dict(row, host_probe=False)
+        return dict(row, host_probe=False, **extra)
     lat, msg = per_call_costs(row["backend"], int(row["workers"]), pr["t_small_s"], pr["t_stream_s"])
-    return dict(row, latency=_delay_s(row) + lat, message_s=msg, host_probe=True)
+    return dict(row, latency=_delay_s(row) + lat, message_s=msg, host_probe=True, **extra)
+
+
+def with_cpu(row: dict, probes: dict) -> dict:
+    """``row`` (uncalibrated) with only the host probe's CPU cost per byte."""
+    c = cpu_costs(row, probes.get("cpu"))
+    return row if c is None else dict(row, cpu_costs=c)
 
 
 def read_opt_probes(path: str | None) -> dict[tuple, dict]:
@@ -184,9 +217,13 @@ def tables(rows: list[dict], probes: dict[tuple, dict] | None = None,
            host: dict[tuple, dict] | None = None) -> list[ValidationTable]:
     base = [replay_row(r) for r in rows]
     msg = [calibrated(r, "rate+message") for r in base]
-    return [validate(base), validate([with_host_probe(r, host or {}) for r in base]),
-            validate([calibrated(r, "rate") for r in base]), validate(msg),
-            validate([with_optimizer(r, probes or {}) for r in msg])]
+    out = [validate(base), validate([with_host_probe(r, host or {}) for r in base]),
+           validate([calibrated(r, "rate") for r in base]), validate(msg),
+           validate([with_optimizer(r, probes or {}) for r in msg])]
+    if (host or {}).get("cpu"):   # the CPU cost per byte, alone and with the per-call costs
+        out += [validate([with_cpu(r, host) for r in base]),
+                validate([with_host_probe(r, host, cpu=True) for r in base])]
+    return out
 
 
 def combined_markdown(rows: list[dict], tables: list[ValidationTable]) -> str:
@@ -256,7 +293,7 @@ def main(argv=None) -> int:
                           and r.get("base_strategy") != "ddp"])
     host = read_host_probes(a.host_probe)
     tabs = tables(rows, read_opt_probes(a.opt_probe), host)
-    labels = LABELS
+    labels = LABELS[:len(tabs)]
     md = combined_markdown(rows, tabs)
     sums = [summary(t, l) for t, l in zip(tabs, labels)]
     unprobed = sum(1 for r in tabs[1].rows if not r["cell"].get("host_probe"))

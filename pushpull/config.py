@@ -185,7 +185,12 @@ SETTINGS: tuple[Setting, ...] = (
       "the last key of a step each cost k x key / B on every link that no overlap hides (a fill and a drain), "
       "and the step's traffic per link does not grow with k: the keys shrink so that the fill and drain stay "
       "as short as at k = 4 (n = k = 8, 100 Mbit/s, 16 cores: BSP 1.44x the ring with the former default, 1.58x "
-      "with this one; docs/results/byteps_ps_vs_allreduce_n8_16cores.md)."),
+      "with this one; docs/results/byteps_ps_vs_allreduce_n8_16cores.md). Set by hand, it is checked once after "
+      "the first step: with fewer than 8 keys per server (the step's gradient bytes / (servers x largest key)) "
+      "where the default would give more, the worker logs a warning with both counts, because the fill and "
+      "the drain, each about servers x key / B, are then about 2 / (keys per server) of the step's transfer "
+      "(100 Mbit/s grid: 4 keys per server ran at 0.94x the ring, the default key at 1.38x; "
+      "pushpull/worker/keycheck.py)."),
     S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], None, _auto_or_int, "auto | integer >= 0 (0 = unlimited)",
       "Credit in partitions: how many partitions a worker may have pushed and not yet acknowledged (0 = no "
       "limit). auto (default; BytePS's default is 0): when the servers are on other hosts, a window of twice the "
@@ -250,6 +255,14 @@ SETTINGS: tuple[Setting, ...] = (
     S("fusion_threshold_bytes", [], _fusion.THRESHOLD_BYTES, _int_min(1), "integer >= 1",
       "Tensor-fusion buffer size for the 'fusion' strategy."),
     S("fusion_cycle_ms", [], _fusion.CYCLE_MS, _float_pos, "number > 0", "Tensor-fusion cycle time in milliseconds."),
+    S("host_probe", [], None, lambda s: s or None, "file path, or empty",
+      "A `pushpull bench probe --out` file of this machine: the 'auto' strategy charges its CPU cost per byte "
+      "(socket, ZeroMQ, CURVE where PUSHPULL_AUTH encrypts, sums) to every worker, server and ring rank when it "
+      "simulates the candidates, so on a fast link it sees where the processes' CPU, not the link, is the bound "
+      "(docs/simulator.md, CPU per byte). Empty: bytes cost no CPU in its predictions."),
+    S("shared_cores", [], None, _opt_float, "number > 0, or empty",
+      "With host_probe: every process of the job (workers, servers) runs on one machine with this many cores "
+      "between them (an emulated cluster on one machine); empty: each process has one core of its own."),
     S("strategy_warmup_steps", [], 2, _int_min(1), "integer >= 1",
       "Steps the 'fusion' and 'mgwfbp' strategies measure gradient-ready times (reducing as one buffer) "
       "before fixing their buffers from rank 0's measurement."),
@@ -406,6 +419,8 @@ class Config:
     backend: str
     fusion_threshold_bytes: int
     fusion_cycle_ms: float
+    host_probe: str | None
+    shared_cores: float | None
     strategy_warmup_steps: int
     mgwfbp_alpha: float | None
     mgwfbp_beta: float | None

@@ -21,6 +21,14 @@ reduction alone counts: an order message and one collective, half of it each, th
 ring's 2(n-1) steps); ``--out FILE`` appends one JSON line per backend. Beside the all-reduce backend it prints its
 peer: gloo's own ``all_reduce`` of the same 4 KB, alone and in a stream of 16, in the same processes (on a
 machine whose cores the ranks share, gloo's own cost is what bounds the backend's, not a 1-float figure).
+
+It also measures what the data path costs per *byte* (:mod:`pushpull.bench.cpu_probe`: a socket's send and
+receive, ZeroMQ's, CURVE's and AES-GCM's extra, a float32 sum, as CPU-seconds per GB), prints what that
+makes per role (a PS worker, a PS server, a ring rank) and stores the primitives as ``cpu_*`` fields in every
+row, which ``pushpull plan --probe FILE``, ``pushpull sim --probe FILE``, PUSHPULL_HOST_PROBE (the ``auto``
+strategy) and ``benchmarks/validate_sim.py --host-probe`` turn into the simulator's
+:class:`~pushpull.sim.config.CpuCosts`. ``--cpu-only`` measures only that (a few seconds, no job started) and
+appends one row of ``"kind": "cpu"``; ``--no-cpu`` skips it.
 """
 from __future__ import annotations
 
@@ -101,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default=",".join(BACKENDS), help="ps, allreduce or both (default)")
     p.add_argument("--reps", type=int, default=50, help="timed tiny reductions per backend (default 50)")
     p.add_argument("--out", help="append one JSON line per backend to this file")
+    p.add_argument("--cpu-only", action="store_true",
+                   help="measure only the CPU cost per byte (no job started); --out appends one row")
+    p.add_argument("--no-cpu", action="store_true", help="skip the CPU cost per byte")
+    p.add_argument("--cpu-mb", type=int, default=256, help="MiB per CPU-cost transfer (default 256)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -113,6 +125,23 @@ def main(argv: list[str] | None = None) -> int:
     servers = args.servers or args.workers
     load_before = list(os.getloadavg())
     t0 = time.time()
+    cpu: dict = {}
+    if not args.no_cpu:
+        from pushpull.bench import cpu_probe
+
+        print(f"CPU per byte on this machine ({socket.gethostname()}, {os.cpu_count()} cores), CPU-seconds "
+              f"(user+sys) per GB moved, median of 3 x {args.cpu_mb} MiB:")
+        cpu = cpu_probe.measure(args.cpu_mb << 20, reps=3)
+        print("\n".join(cpu_probe.describe(cpu)))
+        print("\n".join(cpu_probe.roles(cpu, args.workers, servers)))
+    if args.cpu_only:
+        row = {"kind": "cpu", **cpu, "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t0)),
+               "machine": socket.gethostname(), "cpus": os.cpu_count(), "loadavg_before": load_before,
+               "loadavg_after": list(os.getloadavg())}
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return 0
     print(f"per-call cost on this machine ({socket.gethostname()}, {os.cpu_count()} cores): "
           f"{args.workers} workers, {servers} server(s), over loopback")
     rows = []
@@ -136,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"backend": backend, "workers": r["workers"], "servers": r["servers"],
                      "t_small_s": r["t_small_s"], "t_stream_s": r["t_stream_s"], "latency_s": lat, "message_s": msg,
                      "gloo_small_s": r.get("gloo_small_s"), "gloo_stream_s": r.get("gloo_stream_s"),
-                     "reps": args.reps,
+                     "reps": args.reps, **cpu,
                      "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t0)), "machine": socket.gethostname(),
                      "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())})
     if args.out:

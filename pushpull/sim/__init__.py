@@ -8,7 +8,7 @@ Pure Python: no sockets, no threads, no torch. See docs/simulator.md.
                    "bytescheduler")
     res.iteration_s, res.throughput, res.write_trace("sim.json")
 """
-from pushpull.sim.config import (ClusterConfig, Compression, SimOptions, format_bandwidth, format_bytes,
+from pushpull.sim.config import (ClusterConfig, Compression, CpuCosts, SimOptions, format_bandwidth, format_bytes,
                                  parse_bandwidth, parse_bytes, parse_duration)
 from pushpull.sim.engine import SimResult, simulate
 from pushpull.sim.strategies import (BSP, MGWFBP, STRATEGIES, WFBP, ByteScheduler, Fusion, make_strategy,
@@ -16,7 +16,7 @@ from pushpull.sim.strategies import (BSP, MGWFBP, STRATEGIES, WFBP, ByteSchedule
 from pushpull.sim.synthetic import synthetic_profile, transformer_like
 
 __all__ = [
-    "simulate", "SimResult", "ClusterConfig", "Compression", "SimOptions",
+    "simulate", "SimResult", "ClusterConfig", "Compression", "CpuCosts", "SimOptions",
     "BSP", "WFBP", "Fusion", "MGWFBP", "ByteScheduler", "STRATEGIES", "make_strategy", "mgwfbp_merge",
     "parse_bandwidth", "parse_bytes", "parse_duration", "format_bandwidth", "format_bytes",
     "synthetic_profile", "transformer_like", "validate",

@@ -17,8 +17,8 @@ from pushpull.cli import help_text
 from pushpull.config import DEFAULTS
 from pushpull.policy.bytescheduler import DEFAULTS as BS_DEFAULTS
 from pushpull.profiles import Profile, ProfileError, load_profile
-from pushpull.sim.config import (ClusterConfig, Compression, format_bandwidth, format_bytes, parse_bandwidth,
-                                 parse_bytes, parse_duration)
+from pushpull.sim.config import (ClusterConfig, Compression, CpuCosts, format_bandwidth, format_bytes,
+                                 parse_bandwidth, parse_bytes, parse_duration, read_probe)
 from pushpull.sim.engine import SimResult, _scaled, simulate
 from pushpull.sim.strategies import STRATEGIES, ByteScheduler, Fusion, Strategy, make_strategy
 
@@ -41,6 +41,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order-message",
                    help="all-reduce: rank 0's order message per batch, after which the batch's (fused) collectives "
                         "go (default: 2(n-1) x --latency, a tiny collective's; `pushpull bench probe` measures it)")
+    p.add_argument("--probe",
+                   help="a `pushpull bench probe --out` file: charge its CPU cost per byte to every process "
+                        "(pushpull.sim.config.CpuCosts; a file without the cpu_* figures charges nothing)")
+    p.add_argument("--encryption", default="auto", choices=("auto", "curve", "aesgcm", "none"),
+                   help="with --probe: what the PS pays per byte to encrypt (auto = PUSHPULL_AUTH=auto between "
+                        "machines: ZeroMQ CURVE; none: plain; the ring is never encrypted)")
+    p.add_argument("--cores", default="1",
+                   help="with --probe: cores each process (worker, server, ring rank) can use (default 1)")
+    p.add_argument("--shared-cores",
+                   help="with --probe: every process of the job shares this many cores (the emulated cluster on "
+                        "one machine: its core count; default: each process has --cores of its own)")
     p.add_argument("--colocated", action="store_true", help="servers share the workers' machines (BytePS layout)")
     p.add_argument("--local-size", default="1", help="devices per worker machine, reduced locally (default 1)")
     p.add_argument("--no-local-reduce", action="store_true",
@@ -111,6 +122,7 @@ def _cluster(a, **over) -> ClusterConfig:
         ps_partition_bytes=(_wrap(parse_bytes, a.ps_partition_bytes, "--ps-partition-bytes")
                             if a.ps_partition_bytes else None),
     )
+    kw["cpu"] = _cpu(a)
     if kw["ps_partition_bytes"] is not None and kw["ps_partition_bytes"] < 1:
         raise CliError("--ps-partition-bytes: must be >= 1 byte")
     try:
@@ -118,6 +130,20 @@ def _cluster(a, **over) -> ClusterConfig:
     except ValueError as e:
         first = str(e).split()[0].rstrip(":")
         raise CliError(f"--{first.replace('_', '-')}: {e}") from None
+
+
+def _cpu(a) -> CpuCosts | None:
+    if not getattr(a, "probe", None):
+        return None
+    try:
+        row = read_probe(a.probe)
+    except (OSError, ValueError) as e:
+        raise CliError(f"--probe: {e}") from None
+    if row is None:
+        return None
+    cores = _float(a.cores, "--cores", strict=True)
+    shared = _float(a.shared_cores, "--shared-cores", strict=True) if a.shared_cores else None
+    return CpuCosts.from_probe(row, encryption=a.encryption, cores=cores, shared_cores=shared)
 
 
 def _compression(a) -> Compression | None:
@@ -230,7 +256,20 @@ def _describe(profile: Profile, cluster: ClusterConfig, scale: float) -> str:
     return (f"{profile.model}: {profile.numel / 1e6:.1f}M params in {sum(1 for _ in profile.tensors())} tensors "
             f"({format_bytes(profile.nbytes)}), compute {profile.compute_s * scale * 1e3:.1f} ms/iter; "
             f"{topo}, {format_bandwidth(cluster.bandwidth)}, latency {cluster.latency * 1e6:g} us"
-            + (f", {cluster.message_s * 1e6:g} us CPU per message" if cluster.message_s else ""))
+            + (f", {cluster.message_s * 1e6:g} us CPU per message" if cluster.message_s else "")
+            + (_describe_cpu(cluster) if cluster.cpu is not None else ""))
+
+
+def _describe_cpu(cluster: ClusterConfig) -> str:
+    c = cluster.cpu
+    where = (f"{c.shared_cores:g} cores shared by all processes" if c.shared_cores is not None
+             else f"{c.cores:g} core(s) per process")
+    if cluster.backend == "ps":
+        per = (f"worker {(c.worker_push + c.worker_pull) * 1e9:.2f}, server "
+               f"{(c.server_push + c.server_pull) * 1e9:.2f} CPU-s/GB pushed+pulled")
+    else:
+        per = f"ring rank {c.ring_cpu_s(cluster.workers, 1e9):.2f} CPU-s/GB all-reduced"
+    return f"; CPU: {per}, {where}"
 
 
 def sim_main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,128 @@ format_bytes = units.format_size
 # ---------------------------------------------------------------------------
 
 @dataclass
+class CpuCosts:
+    """CPU-seconds each process spends per byte it moves, and the cores it has: what bounds a fast link.
+
+    Every byte a process sends or receives through a socket, sums or encrypts costs CPU (copies between
+    user and kernel, the TCP stack, ZeroMQ's I/O threads, the cipher). At 100 Mbit/s-1 Gbit/s that is far
+    below the link; at 10 Gbit/s, on a machine whose few cores the job's processes share, it is the
+    bound. The simulator charges it as a second resource beside each NIC: a process is a *CPU link* of
+    ``cores`` CPU-seconds per second, and every flow of bytes through the process uses it at the flow's
+    rate times its CPU-seconds per byte (:class:`pushpull.sim.network.PSNetwork`). In the fluid PS
+    network a CPU link is shared max-min fairly with the NICs, so a message goes at the slower of its wire
+    share and its CPU share -- the fluid equivalent of ``max(wire time, CPU time)`` -- and a process's
+    pushes and pulls share its one CPU, while its NIC is full-duplex. For the sequential ring a
+    collective's time is ``2(n-1) latency + max(wire time, CPU time of one rank)``
+    (:class:`pushpull.sim.network.Ring`).
+
+    Per-byte costs (seconds per byte; 0: free):
+
+    * ``worker_push`` per byte a PS worker pushes (send; encrypt where the job encrypts), ``worker_pull``
+      per byte it pulls (receive; decrypt);
+    * ``server_push`` per byte a server receives from one worker's push (receive, decrypt, sum into the
+      key), ``server_pull`` per byte of one worker's pull answer it sends (send, encrypt);
+    * ``ring_send``, ``ring_recv``, ``ring_sum``: a ring rank's primitives; one all-reduce of ``M`` bytes
+      costs a rank ``2(n-1)/n M (ring_send + ring_recv) + (n-1)/n M ring_sum`` (reduce-scatter sums, the
+      all-gather only copies).
+
+    Cores: ``cores`` per process (default 1: a worker or a server runs one I/O thread that does the
+    copying). ``shared_cores``: every process of the job (n workers and k servers, or n ring ranks) runs
+    on one machine with this many cores between them -- the emulated cluster on a 2-core VM is
+    ``shared_cores=2``; None (default): each process has its cores to itself.
+
+    :meth:`from_probe` builds one from a ``pushpull bench probe`` row; a row without the CPU fields gives
+    None, which charges nothing (old probe files keep their predictions).
+    """
+    worker_push: float = 0.0
+    worker_pull: float = 0.0
+    server_push: float = 0.0
+    server_pull: float = 0.0
+    ring_send: float = 0.0
+    ring_recv: float = 0.0
+    ring_sum: float = 0.0
+    cores: float = 1.0
+    shared_cores: float | None = None
+
+    def __post_init__(self):
+        for name in ("worker_push", "worker_pull", "server_push", "server_pull", "ring_send", "ring_recv",
+                     "ring_sum"):
+            v = getattr(self, name)
+            if not (v >= 0) or math.isinf(v):
+                raise ValueError(f"{name} must be a finite number >= 0 s/byte, got {v!r}")
+        if not (self.cores > 0) or math.isinf(self.cores):
+            raise ValueError(f"cores must be a finite number > 0, got {self.cores!r}")
+        if self.shared_cores is not None and (not (self.shared_cores > 0) or math.isinf(self.shared_cores)):
+            raise ValueError(f"shared_cores must be a finite number > 0 or None, got {self.shared_cores!r}")
+
+    def ring_cpu_s(self, workers: int, payload: float) -> float:
+        """CPU-seconds one ring rank spends on an all-reduce of ``payload`` bytes."""
+        n = workers
+        if n <= 1:
+            return 0.0
+        return (2 * (n - 1) / n * payload * (self.ring_send + self.ring_recv)
+                + (n - 1) / n * payload * self.ring_sum)
+
+    def rank_cores(self, processes: int) -> float:
+        """Cores one of ``processes`` identical busy processes gets: its own, or its share of the pool."""
+        if self.shared_cores is None:
+            return self.cores
+        return min(self.cores, self.shared_cores / max(1, processes))
+
+    @classmethod
+    def from_probe(cls, row: dict | None, encryption: str | None = "auto", cores: float = 1.0,
+                   shared_cores: float | None = None) -> "CpuCosts | None":
+        """Per-role costs from the primitives ``pushpull bench probe`` measured (``cpu_*`` fields, CPU
+        seconds per byte; None where the row has none).
+
+        PS: the data path is ZeroMQ (``cpu_zmq_send``/``cpu_zmq_recv``); a server also sums every push
+        (``cpu_sum``). ``encryption``: ``"curve"`` adds ZeroMQ CURVE's extra cost per byte on both ends
+        (``cpu_curve_send``/``cpu_curve_recv``), ``"aesgcm"`` AES-128-GCM's (``cpu_aesgcm_encrypt``/
+        ``cpu_aesgcm_decrypt``), None or ``"none"`` nothing; ``"auto"`` is what PUSHPULL_AUTH=auto does
+        between machines (CURVE). The ring is gloo over plain TCP (``cpu_tcp_send``/``cpu_tcp_recv``),
+        never encrypted."""
+        if not row or "cpu_tcp_send" not in row:
+            return None
+        g = lambda k: float(row.get(k) or 0.0)   # noqa: E731
+        enc = (encryption or "none").lower()
+        if enc == "auto":
+            enc = "curve"
+        if enc == "curve":
+            e_send, e_recv = g("cpu_curve_send"), g("cpu_curve_recv")
+        elif enc == "aesgcm":
+            e_send, e_recv = g("cpu_aesgcm_encrypt"), g("cpu_aesgcm_decrypt")
+        elif enc in ("none", "plain"):
+            e_send = e_recv = 0.0
+        else:
+            raise ValueError(f"encryption must be auto, curve, aesgcm or none, got {encryption!r}")
+        zs = g("cpu_zmq_send") or g("cpu_tcp_send")
+        zr = g("cpu_zmq_recv") or g("cpu_tcp_recv")
+        return cls(worker_push=zs + e_send, worker_pull=zr + e_recv,
+                   server_push=zr + e_recv + g("cpu_sum"), server_pull=zs + e_send,
+                   ring_send=g("cpu_tcp_send"), ring_recv=g("cpu_tcp_recv"), ring_sum=g("cpu_sum"),
+                   cores=cores, shared_cores=shared_cores)
+
+
+def read_probe(path) -> dict | None:
+    """The latest row of a ``pushpull bench probe --out`` file that holds the CPU figures (``cpu_*``), or
+    None where there is none (a file written before they existed: nothing is charged)."""
+    import json
+    from pathlib import Path
+
+    best = None
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{i + 1}: not a JSON line ({e})") from None
+        if isinstance(row, dict) and "cpu_tcp_send" in row:
+            best = row
+    return best
+
+
+@dataclass
 class ClusterConfig:
     """The machines and the network the simulated job runs on.
 
@@ -70,6 +192,7 @@ class ClusterConfig:
     message_s: float = 0.0              # per-message CPU time on a worker (FIFO, overlaps the wire)
     local_reduce: bool = True           # False: each device pushes everything over the machine's NIC
     dispatch_s: float | None = None     # all-reduce: rank 0's order message per batch; None -> order_message_s()
+    cpu: CpuCosts | None = None         # CPU per byte of each role and the cores (None: bytes cost no CPU)
 
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -102,6 +225,8 @@ class ClusterConfig:
             raise ValueError(f"message_s must be a finite number >= 0 s, got {self.message_s!r}")
         if self.dispatch_s is not None and (not (self.dispatch_s >= 0) or math.isinf(self.dispatch_s)):
             raise ValueError(f"dispatch_s must be a finite number >= 0 s or None, got {self.dispatch_s!r}")
+        if self.cpu is not None and not isinstance(self.cpu, CpuCosts):
+            raise ValueError(f"cpu must be a CpuCosts or None, got {type(self.cpu).__name__}")
         if self.colocated and self.servers > self.workers:
             raise ValueError(f"servers: colocated mode puts one server on each of the first "
                              f"{self.workers} worker machines; got servers={self.servers}")
@@ -131,8 +256,21 @@ class ClusterConfig:
         if self.backend == "allreduce":
             if n == 1:
                 return 0.0, 0.0
-            return 2 * (n - 1) * self.latency, 2 * (n - 1) / (n * B)
+            beta = 2 * (n - 1) / (n * B)
+            if self.cpu is not None:
+                beta = max(beta, self.cpu.ring_cpu_s(n, 1.0) / self.cpu.rank_cores(n))
+            return 2 * (n - 1) * self.latency, beta
         eff = min(B, k * self.server_bandwidth / n)
+        c = self.cpu
+        if c is not None:   # each direction also bounded by the worker's and the servers' CPU (and the pool)
+            bounds = [(c.worker_push, c.cores), (c.worker_pull, c.cores),
+                      (c.server_push * n, k * c.cores), (c.server_pull * n, k * c.cores)]
+            if c.shared_cores is not None:
+                bounds += [(n * (c.worker_push + c.server_push), c.shared_cores),
+                           (n * (c.worker_pull + c.server_pull), c.shared_cores)]
+            for per_byte, cap in bounds:
+                if per_byte > 0:
+                    eff = min(eff, cap / per_byte)
         return 2 * self.latency, 2.0 / eff
 
 
@@ -217,6 +355,6 @@ class SimOptions:
 
 
 __all__ = [
-    "ClusterConfig", "Compression", "SimOptions", "BACKENDS", "per_call_costs",
+    "ClusterConfig", "Compression", "CpuCosts", "SimOptions", "BACKENDS", "per_call_costs", "read_probe",
     "parse_bandwidth", "parse_bytes", "parse_duration", "format_bandwidth", "format_bytes",
 ]

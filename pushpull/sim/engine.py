@@ -179,12 +179,12 @@ class CommPhase:
             # flat path with several processes per machine: every NIC carries local_size copies
             share = 1 if cluster.local_reduce else cluster.local_size
             self.net = PSNetwork(n, k, cluster.bandwidth / share, cluster.server_bandwidth / share,
-                                 cluster.colocated)
+                                 cluster.colocated, cpu=cluster.cpu)
             self.server_free = [0.0] * k
             self.server_load = [0.0] * k
         else:
             self.net = None
-            self.ring = Ring(n, cluster.bandwidth, cluster.latency)
+            self.ring = Ring(n, cluster.bandwidth, cluster.latency, cpu=cluster.cpu)
         self.dispatching = False     # all-reduce: rank 0's dispatcher is in a pass (its order message)
         self.admitting = False
         self.to_dispatch: list[_TaskState] = []   # admitted (and compressed), waiting for the next pass

@@ -97,7 +97,7 @@ class PSNetwork:
     """
 
     def __init__(self, workers: int, servers: int, bandwidth: float, server_bandwidth: float,
-                 colocated: bool = False):
+                 colocated: bool = False, cpu=None):
         self.n, self.k = workers, servers
         self.now = 0.0
         self.queues: dict[tuple[str, int], deque[Message]] = {}
@@ -135,8 +135,43 @@ class PSNetwork:
                     pull.append((("E", s), n - 1))
                 self.paths[("push", s)] = push
                 self.paths[("pull", s)] = pull
+        self.cpu = cpu
+        if cpu is not None:
+            self._add_cpu(cpu)
         for key in self.paths:
             self.queues[key] = deque()
+
+    def _add_cpu(self, cpu) -> None:
+        """Each process's CPU as one more link on its flows' paths (:class:`pushpull.sim.config.CpuCosts`).
+
+        Why a link: the network is a fluid of max-min fair flows, and a process's CPU is shared by every
+        byte it moves the same way a NIC is, except that one CPU serves both directions (a NIC is
+        full-duplex). A CPU link's capacity is CPU-seconds per second (cores) and a flow class uses it
+        with weight = CPU-seconds per byte x the copies of the flow on that process, so a flow's rate is
+        capped by ``cores / (s per byte)`` and, where several flows need one CPU, they share it; whichever
+        of the wire and the CPU is tighter sets the rate, i.e. a message takes max(wire time, CPU time)
+        when it is alone. A serial CPU queue beside the NIC queue would instead make each message pay
+        both in turn, which the CPU does not do: the I/O thread copies while the NIC sends.
+
+        The representative worker's CPU is ``"WCPU"`` (its copies on the n machines are identical), server
+        s's is ``("SCPU", s)``, each of ``cpu.cores``; with ``cpu.shared_cores`` every process also draws
+        on one ``"POOL"`` (n workers' and the servers' shares of every flow) of that many cores."""
+        n, k = self.n, self.k
+        self.capacity["WCPU"] = cpu.cores
+        for s in range(k):
+            self.capacity[("SCPU", s)] = cpu.cores
+        if cpu.shared_cores is not None:
+            self.capacity["POOL"] = cpu.shared_cores
+        for s in range(k):
+            for kind, w, srv in (("push", cpu.worker_push, cpu.server_push),
+                                 ("pull", cpu.worker_pull, cpu.server_pull)):
+                path = self.paths[(kind, s)]
+                if w > 0:
+                    path.append(("WCPU", w))
+                if srv > 0:
+                    path.append((("SCPU", s), n * srv))
+                if cpu.shared_cores is not None and (w > 0 or srv > 0):
+                    path.append(("POOL", n * (w + srv)))
 
     # -- engine interface -----------------------------------------------------
     def send(self, conn: tuple[str, int], msg: Message) -> None:
@@ -151,7 +186,7 @@ class PSNetwork:
 
     def _recompute(self) -> None:
         active = [c for c, q in self.queues.items() if q]
-        if not self.colocated:
+        if not self.colocated and self.cpu is None:
             # star: every push head shares the worker egress and is alone (x n workers)
             # on its server's ingress; all servers alike -> max-min is one min()
             n_push = sum(1 for c in active if c[0] == "push")
@@ -212,16 +247,23 @@ class PSNetwork:
 class Ring:
     """Sequential ring all-reduce: one collective at a time, admission order."""
 
-    def __init__(self, workers: int, bandwidth: float, latency: float):
+    def __init__(self, workers: int, bandwidth: float, latency: float, cpu=None):
         self.n, self.B, self.alpha = workers, bandwidth, latency
+        self.cpu = cpu
         self.free_at = 0.0
 
     def duration(self, payload: float) -> float:
+        """``2(n-1) latency + max(wire, CPU)``: the ring's 2(n-1) steps each move ``payload/n`` over every
+        link at once, and each rank's CPU sends, receives and sums its share while its NIC sends, so
+        whichever is slower bounds the transfer (:class:`pushpull.sim.config.CpuCosts`)."""
         n = self.n
         if n == 1:
             return 0.0
         per_step = payload / n / self.B if not math.isinf(self.B) else 0.0
-        return 2 * (n - 1) * (self.alpha + per_step)
+        wire = 2 * (n - 1) * per_step
+        if self.cpu is not None:
+            wire = max(wire, self.cpu.ring_cpu_s(n, payload) / self.cpu.rank_cores(n))
+        return 2 * (n - 1) * self.alpha + wire
 
     def reserve(self, t: float, payload: float) -> tuple[float, float]:
         start = max(t, self.free_at)

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from pushpull.profiles import LayerProfile, Profile, TensorSpec, load_profile
-from pushpull.sim.config import (ClusterConfig, SimOptions, format_bandwidth, parse_bandwidth, parse_bytes,
+from pushpull.sim.config import (ClusterConfig, CpuCosts, SimOptions, format_bandwidth, parse_bandwidth, parse_bytes,
                                  parse_duration)
 from pushpull.sim.engine import simulate
 from pushpull.sim.strategies import MGWFBP, ByteScheduler, make_strategy
@@ -97,6 +97,11 @@ def cell(row: dict, i: int = 0, profiles: dict | None = None, latency: float = 5
     extra = {}
     if row.get("ps_partition_bytes"):
         extra["ps_partition_bytes"] = int(parse_bytes(row["ps_partition_bytes"], f"{where}.ps_partition_bytes"))
+    cpu = row.get("cpu_costs")
+    if isinstance(cpu, dict):
+        extra["cpu"] = CpuCosts(**cpu)
+    elif isinstance(cpu, CpuCosts):
+        extra["cpu"] = cpu
     cluster = ClusterConfig(workers=int(row["workers"]), servers=int(servers) if servers else None, bandwidth=bw,
                             backend=str(row["backend"]), latency=lat, colocated=colocated,
                             local_size=int(row.get("local_size", 1)), message_s=msg,
@@ -140,7 +145,8 @@ def validate(measured_rows, profiles: dict[str, Profile] | None = None, latency:
     * ``colocated`` or ``placement``, ``local_size``, ``local_reduce_active`` (or ``local_reduce``:
       ``off`` = each process pushes everything), ``ps_partition_bytes``;
     * calibration: ``latency`` (s per message), ``message_s`` (per-message
-      CPU time, see ClusterConfig); the optimizer on the training thread:
+      CPU time, see ClusterConfig), ``cpu_costs`` (a CpuCosts or its fields
+      as a dict: CPU per byte and cores); the optimizer on the training thread:
       ``update_s`` (per tensor, layer-wise updates), ``step_call_s`` (per
       ``step()`` call), ``wake_s`` (per wait that blocks), see SimOptions.
 

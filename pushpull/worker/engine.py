@@ -284,6 +284,27 @@ class Engine:
             self.van.call_soon(apply)
 
     # ------------------------------------------------------------ caller side --
+    def check_keys(self, prefix: str = "Gradient.") -> str | None:
+        """Once, after a step: warn when a hand-set key size leaves too few keys per server for push and
+        pull to overlap (:mod:`pushpull.worker.keycheck`); returns the warning or None. Counts the tensors
+        whose name starts with ``prefix`` (a training step's gradients; broadcasts are not in the pipeline)."""
+        if getattr(self, "_keys_checked", False):
+            return None
+        self._keys_checked = True
+        from pushpull.config import default_partition_bytes
+        from pushpull.worker.keycheck import few_keys_warning
+
+        src = self.cfg.sources.get("partition_bytes", "default")
+        if src == "default" or not self.num_servers:
+            return None
+        with self.table_lock:
+            sizes = [sum(p.nbytes for p in e.parts) for n, e in self.entries.items() if n.startswith(prefix)]
+        msg = few_keys_warning(sizes, int(self.cfg.partition_bytes), int(self.num_servers),
+                               default_partition_bytes(self.num_servers), src)
+        if msg:
+            log.warning("worker %d: %s", self.rank, msg)
+        return msg
+
     def declare(self, name: str, tensor: torch.Tensor, compression: dict | None = None,
                 spec: KeySpec = PLAIN) -> Entry:
         with self.table_lock:

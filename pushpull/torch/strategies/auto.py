@@ -303,13 +303,19 @@ class Auto(Strategy):
         prof = auto_plan.measured_profile(names, ready, [self._sizes[n] for n in names], fwd,
                                           [self._dtypes[n] for n in names])
         workers, servers, coloc = self.shape()
+        try:
+            cpu = auto_plan.host_cpu(cfg.host_probe, cfg.shared_cores, cfg.auth)
+        except (OSError, ValueError) as e:
+            log.warning("auto: PUSHPULL_HOST_PROBE=%s not used: %s", cfg.host_probe, e)
+            cpu = None
         clusters = {b: auto_plan.fit_cluster(b, workers, servers, colocated=coloc,
-                                             ps_partition_bytes=cfg.partition_bytes, **links[b])
+                                             ps_partition_bytes=cfg.partition_bytes, cpu=cpu, **links[b])
                     for b in self.backends}
         cands = auto_plan.rank_candidates(prof, clusters, self._layerwise, cfg.fusion_threshold_bytes,
                                           cfg.fusion_cycle_ms / 1e3)
         model = {"gradients": len(names), "bytes": prof.nbytes, "backward_s": ready[-1] if ready else 0.0,
-                 "forward_s": fwd, "layerwise": self._layerwise, "servers": servers, "colocated": coloc}
+                 "forward_s": fwd, "layerwise": self._layerwise, "servers": servers, "colocated": coloc,
+                 "cpu": None if cpu is None else dict(cpu.__dict__)}
         fitted = {b: {**links[b], "bandwidth_bytes_s": c.bandwidth, "latency_s": c.latency,
                       "message_s": c.message_s} for b, c in clusters.items()}
         return auto_plan.allowed(cands, self.only), {"model": model, "links": fitted, "candidates": cands}

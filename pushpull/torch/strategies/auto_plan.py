@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from pushpull.profiles import DTYPE_BYTES, LayerProfile, Profile, TensorSpec
-from pushpull.sim.config import ClusterConfig, SimOptions, per_call_costs
+from pushpull.sim.config import ClusterConfig, CpuCosts, SimOptions, per_call_costs, read_probe
 from pushpull.sim.engine import simulate
 from pushpull.sim.plan import plan
 from pushpull.sim.strategies import ByteScheduler, Fusion
@@ -61,22 +61,37 @@ def _one_buffer_s(cluster: ClusterConfig, nbytes: int) -> float:
     return simulate(prof, cluster, "bsp", layerwise_update=False, trace=False).iteration_s
 
 
+def host_cpu(path: str | None, shared_cores: float | None = None, auth: str = "auto") -> CpuCosts | None:
+    """The CPU cost per byte of PUSHPULL_HOST_PROBE's file (None: unset, or a file without the figures).
+    ``auth`` is PUSHPULL_AUTH: ``auto`` and ``curve`` encrypt the PS between machines (CURVE)."""
+    if not path:
+        return None
+    row = read_probe(path)
+    enc = "curve" if auth in ("auto", "curve") else "none"
+    return CpuCosts.from_probe(row, encryption=enc, shared_cores=shared_cores)
+
+
 def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_probe: float, t_small: float,
                 t_stream: float, colocated: bool = False,
-                ps_partition_bytes: int | None = None) -> ClusterConfig:
+                ps_partition_bytes: int | None = None, cpu: CpuCosts | None = None) -> ClusterConfig:
     """A cluster on which the simulator times the three probes as they were measured.
 
     ``message_s`` and the latency are :func:`pushpull.sim.config.per_call_costs` of the two small probes (PS:
     the stream's time per reduction, and what one tiny reduction takes beyond it over a push and a pull;
     all-reduce, whose backend fuses the stream: half of one tiny reduction is rank 0's order message, half
     one collective's 2(n-1) latencies); the bandwidth is found by bisection so that one reduction of
-    ``probe_bytes`` (order message included) takes ``t_probe``."""
+    ``probe_bytes`` (order message included) takes ``t_probe``.
+
+    ``cpu`` (PUSHPULL_HOST_PROBE): the CPU cost per byte is part of the cluster the bandwidth is fitted on,
+    so the probe's time is split between the CPU the model already charges and the link. The probe is one
+    reduction alone; in a step every process moves bytes at once, which is where the charge matters (on
+    shared cores the probe's processes mostly had the cores to themselves)."""
     lat, msg = per_call_costs(backend, workers, max(0.0, t_small), max(0.0, t_stream))
     colocated = bool(colocated and servers <= workers)
 
     def cl(bw: float) -> ClusterConfig:
         return ClusterConfig(workers=workers, servers=servers, bandwidth=bw, backend=backend, latency=lat,
-                             colocated=colocated, message_s=msg,
+                             colocated=colocated, message_s=msg, cpu=cpu,
                              ps_partition_bytes=None if ps_partition_bytes is None else int(ps_partition_bytes))
 
     lo, hi = 1e4, 1e11   # bytes/s (80 kbit/s .. 800 Gbit/s; the fluid model hangs near 1e13)

@@ -96,6 +96,11 @@ class Strategy:
         for task in active:
             self._complete(task)
         self._task_of.clear()
+        if active and not getattr(self, "_keys_checked", False):   # the first step's tensors are all declared
+            self._keys_checked = True
+            check = getattr(self.comm, "check_keys", None)
+            if check is not None:
+                check()
 
     def _flush(self) -> None:
         """Strategies that hold gradients back launch them here (idempotent)."""

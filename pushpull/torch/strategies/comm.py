@@ -72,6 +72,12 @@ class PSComm(Comm):
     def scope(self):
         return ("ps", id(ops.engine()))
 
+    def check_keys(self) -> None:
+        """After the first step: the engine warns once if a hand-set key size gives too few keys per server."""
+        eng = ops.engine()
+        if eng is not None:
+            eng.check_keys()
+
     def default_scheduling(self) -> tuple[int, int]:
         """BYTEPS_PARTITION_BYTES and BYTEPS_SCHEDULING_CREDIT in bytes (0 = credit off: FIFO;
         'auto' = its floor: one partition per server, at least two; the engine grows it to the measured
