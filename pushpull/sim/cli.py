@@ -46,7 +46,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(pushpull.sim.config.CpuCosts; a file without the cpu_* figures charges nothing)")
     p.add_argument("--encryption", default="auto", choices=("auto", "curve", "aesgcm", "none"),
                    help="with --probe: what the PS pays per byte to encrypt (auto = PUSHPULL_AUTH=auto between "
-                        "machines: ZeroMQ CURVE; none: plain; the ring is never encrypted)")
+                        "machines: AES-128-GCM on the data lanes, ZeroMQ CURVE with --no-data-lane; none: plain; "
+                        "the ring is never encrypted)")
+    p.add_argument("--no-data-lane", dest="data_lane", action="store_false",
+                   help="with --probe: the PS's data path is ZeroMQ (PUSHPULL_DATA_LANE=0), not a plain-socket lane")
     p.add_argument("--cores", default="1",
                    help="with --probe: cores each process (worker, server, ring rank) can use (default 1)")
     p.add_argument("--shared-cores",
@@ -143,7 +146,8 @@ def _cpu(a) -> CpuCosts | None:
         return None
     cores = _float(a.cores, "--cores", strict=True)
     shared = _float(a.shared_cores, "--shared-cores", strict=True) if a.shared_cores else None
-    return CpuCosts.from_probe(row, encryption=a.encryption, cores=cores, shared_cores=shared)
+    return CpuCosts.from_probe(row, encryption=a.encryption, cores=cores, shared_cores=shared,
+                               data_lane=getattr(a, "data_lane", True))
 
 
 def _compression(a) -> Compression | None:

@@ -114,22 +114,23 @@ class CpuCosts:
 
     @classmethod
     def from_probe(cls, row: dict | None, encryption: str | None = "auto", cores: float = 1.0,
-                   shared_cores: float | None = None) -> "CpuCosts | None":
+                   shared_cores: float | None = None, data_lane: bool = True) -> "CpuCosts | None":
         """Per-role costs from the primitives ``pushpull bench probe`` measured (``cpu_*`` fields, CPU
         seconds per byte; None where the row has none).
 
-        PS: the data path is ZeroMQ (``cpu_zmq_send``/``cpu_zmq_recv``); a server also sums every push
+        PS: the data path is a lane, a plain socket (``cpu_tcp_send``/``cpu_tcp_recv``; PUSHPULL_DATA_LANE),
+        or with ``data_lane=False`` ZeroMQ (``cpu_zmq_send``/``cpu_zmq_recv``); a server also sums every push
         (``cpu_sum``). ``encryption``: ``"curve"`` adds ZeroMQ CURVE's extra cost per byte on both ends
         (``cpu_curve_send``/``cpu_curve_recv``), ``"aesgcm"`` AES-128-GCM's (``cpu_aesgcm_encrypt``/
         ``cpu_aesgcm_decrypt``), None or ``"none"`` nothing; ``"auto"`` is what PUSHPULL_AUTH=auto does
-        between machines (CURVE). The ring is gloo over plain TCP (``cpu_tcp_send``/``cpu_tcp_recv``),
-        never encrypted."""
+        between machines: AES-GCM on a lane, CURVE on ZeroMQ. The ring is gloo over plain TCP
+        (``cpu_tcp_send``/``cpu_tcp_recv``), never encrypted."""
         if not row or "cpu_tcp_send" not in row:
             return None
         g = lambda k: float(row.get(k) or 0.0)   # noqa: E731
         enc = (encryption or "none").lower()
         if enc == "auto":
-            enc = "curve"
+            enc = "aesgcm" if data_lane else "curve"
         if enc == "curve":
             e_send, e_recv = g("cpu_curve_send"), g("cpu_curve_recv")
         elif enc == "aesgcm":
@@ -138,8 +139,11 @@ class CpuCosts:
             e_send = e_recv = 0.0
         else:
             raise ValueError(f"encryption must be auto, curve, aesgcm or none, got {encryption!r}")
-        zs = g("cpu_zmq_send") or g("cpu_tcp_send")
-        zr = g("cpu_zmq_recv") or g("cpu_tcp_recv")
+        if data_lane:
+            zs, zr = g("cpu_tcp_send"), g("cpu_tcp_recv")
+        else:
+            zs = g("cpu_zmq_send") or g("cpu_tcp_send")
+            zr = g("cpu_zmq_recv") or g("cpu_tcp_recv")
         return cls(worker_push=zs + e_send, worker_pull=zr + e_recv,
                    server_push=zr + e_recv + g("cpu_sum"), server_pull=zs + e_send,
                    ring_send=g("cpu_tcp_send"), ring_recv=g("cpu_tcp_recv"), ring_sum=g("cpu_sum"),

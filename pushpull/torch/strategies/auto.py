@@ -304,7 +304,7 @@ class Auto(Strategy):
                                           [self._dtypes[n] for n in names])
         workers, servers, coloc = self.shape()
         try:
-            cpu = auto_plan.host_cpu(cfg.host_probe, cfg.shared_cores, cfg.auth)
+            cpu = auto_plan.host_cpu(cfg.host_probe, cfg.shared_cores, cfg.auth, cfg.data_lane and cfg.direct_lane)
         except (OSError, ValueError) as e:
             log.warning("auto: PUSHPULL_HOST_PROBE=%s not used: %s", cfg.host_probe, e)
             cpu = None

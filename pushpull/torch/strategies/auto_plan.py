@@ -61,14 +61,16 @@ def _one_buffer_s(cluster: ClusterConfig, nbytes: int) -> float:
     return simulate(prof, cluster, "bsp", layerwise_update=False, trace=False).iteration_s
 
 
-def host_cpu(path: str | None, shared_cores: float | None = None, auth: str = "auto") -> CpuCosts | None:
+def host_cpu(path: str | None, shared_cores: float | None = None, auth: str = "auto",
+             data_lane: bool = True) -> CpuCosts | None:
     """The CPU cost per byte of PUSHPULL_HOST_PROBE's file (None: unset, or a file without the figures).
-    ``auth`` is PUSHPULL_AUTH: ``auto`` and ``curve`` encrypt the PS between machines (CURVE)."""
+    ``auth`` is PUSHPULL_AUTH: ``auto`` and ``curve`` encrypt the PS between machines (AES-GCM on the data
+    lanes, PUSHPULL_DATA_LANE; CURVE without them)."""
     if not path:
         return None
     row = read_probe(path)
-    enc = "curve" if auth in ("auto", "curve") else "none"
-    return CpuCosts.from_probe(row, encryption=enc, shared_cores=shared_cores)
+    enc = ("aesgcm" if data_lane else "curve") if auth in ("auto", "curve") else "none"
+    return CpuCosts.from_probe(row, encryption=enc, shared_cores=shared_cores, data_lane=data_lane)
 
 
 def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_probe: float, t_small: float,
