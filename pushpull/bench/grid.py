@@ -230,7 +230,7 @@ def expand(cfg: dict) -> list[dict]:
         if lr not in ("auto", "on", "off"):
             raise ValueError(f"local_reduce must be auto, on or off, got {lr!r}")
         if any(all(str(dict(model=model, backend=backend, workers=n, servers=k, placement=placement, bandwidth=bw,
-                                ratio=ratio, local_size=ls, local_reduce=lr).get(key)) == str(v)
+                                ratio=ratio, local_size=ls, local_reduce=lr, auth=auth).get(key)) == str(v)
                    for key, v in ex.items())
                for ex in cfg.get("exclude", [])):
             continue
