@@ -630,12 +630,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pushpull bench wire: {args.workers} workers, {args.servers} server(s), {args.tensors} tensors of "
           f"{args.tensor_mib} MiB (M = {per / GB:.3f} GB per step), >= {args.gb:g} GB per measurement; "
           f"veth rate {args.rate or 'unshaped'}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
-          f"{time.monotonic() - t_start:.0f} s")
+          f"ran {time.monotonic() - t_start:.0f} s")
     print("CPU = user + sys of the whole process over the timed window; GB = 1e9 bytes. CPU/GBp: per GB of "
           "payload (tensor bytes reduced per rank; a server's share; raw: bytes sent each way); CPU/GBs: per GB "
           "sent + received on its sockets. x gloo = CPU/GBp / mean gloo rank's, x raw = CPU/GBs / mean raw "
           "process's, same transport. Primitives: one thread, per GB of buffer processed.")
     print(format_table(rows))
+    link = [sum(r["link"]) / r["socket_bytes"] for r in rows if r.get("link") and r.get("socket_bytes")]
+    if link:
+        print(f"check: veth interface counters (rx + tx) / the socket bytes assumed above: "
+              f"{min(link):.3f} to {max(link):.3f} over {len(link)} processes (TCP/IP headers included)")
     lines = goal_lines(rows)
     if lines:
         print("goal (pushpull <= 1.2x gloo per rank, <= 2x raw TCP; worst role of each cell):")
