@@ -25,9 +25,9 @@ gloo rank and raw process; for a server (run by the launcher, not by this benchm
 
 Units (GB = 1e9 bytes):
 
-* ``CPU/GBp``: per GB of payload the process handles: the tensor bytes each rank reduces (M per step) for a
-  gloo rank and a push_pull worker, a server's share of them (M/k per step), for a raw process the bytes
-  it sends (it receives as many);
+* ``CPU/GBp``: per GB of payload: the gradient bytes the job reduces (M per step), the same for every
+  process of a job (a gloo rank, a worker, a server: what one step costs it, per byte of gradient), for
+  a raw process the bytes it sends (it receives as many, as a worker sends and receives M);
 * ``CPU/GBs``: per GB that crossed the process's socket, sent + received: 2M per step for a worker,
   2·2(n-1)/n·M for a gloo rank (ring), 2·n·M/k for a server, twice the bytes sent for a raw process;
 * ``x gloo``: CPU/GBp / the mean gloo rank's (same transport) -- the per-rank goal;
@@ -137,7 +137,9 @@ def make_cells(auth: list[str], variants: list[tuple[str, dict[str, str]]], env:
 def payload_bytes(method: str, role: str, per_step: int, steps: int, workers: int = 2,
                   servers: int = 1) -> tuple[float, float]:
     """(payload, socket) bytes of one process over the window (module docstring, Units). ``per_step``: M,
-    the tensor bytes each rank reduces per step (for raw: the bytes each process sends)."""
+    the gradient bytes the job reduces per step (for raw: the bytes each process sends). A server's payload
+    is M too, whatever its share of the keys: with k = n servers each moves 2M per step, as a ring rank does,
+    and compares 1:1 with it; one server for n workers moves 2nM and shows it."""
     m = per_step * steps
     if method == "raw":
         return m, 2 * m
@@ -145,7 +147,7 @@ def payload_bytes(method: str, role: str, per_step: int, steps: int, workers: in
         return m, 2 * 2 * (workers - 1) / workers * m
     if method == "push_pull":
         if role.startswith("server"):
-            return m / servers, 2 * workers * m / servers
+            return m, 2 * workers * m / servers
         return m, 2 * m
     raise ValueError(f"unknown method {method!r}")
 
@@ -632,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
           f"veth rate {args.rate or 'unshaped'}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
           f"ran {time.monotonic() - t_start:.0f} s")
     print("CPU = user + sys of the whole process over the timed window; GB = 1e9 bytes. CPU/GBp: per GB of "
-          "payload (tensor bytes reduced per rank; a server's share; raw: bytes sent each way); CPU/GBs: per GB "
+          "gradient reduced (M per step, every process of the job alike; raw: bytes sent each way); CPU/GBs: per GB "
           "sent + received on its sockets. x gloo = CPU/GBp / mean gloo rank's, x raw = CPU/GBs / mean raw "
           "process's, same transport. Primitives: one thread, per GB of buffer processed.")
     print(format_table(rows))

@@ -37,9 +37,9 @@ def test_worker_moves_its_tensor_each_way():
     assert wire.payload_bytes("push_pull", "worker1", 1000, 2, workers=2, servers=1) == (2000, 4000)
 
 
-def test_server_share_and_socket_bytes_scale_with_workers_over_servers():
+def test_server_payload_is_the_jobs_gradient_and_socket_bytes_scale_with_workers_over_servers():
     pay, sock = wire.payload_bytes("push_pull", "server1", 1000, 2, workers=4, servers=2)
-    assert (pay, sock) == (1000, 8000)
+    assert (pay, sock) == (2000, 8000)
 
 
 def test_steps_cover_the_payload_and_are_at_least_two():
