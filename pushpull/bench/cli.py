@@ -15,6 +15,7 @@ BENCHMARKS = {
     "probe": "per-call cost of a tiny reduction on this machine, for the simulator (--message-s, --latency)",
     "compression": "compressors: ratio, speed and accuracy",
     "scheduling": "every communication strategy on one model: step time and speedup over wfbp",
+    "wire": "CPU-seconds per GB per process: raw TCP, gloo, push_pull per auth mode, over loopback and veth",
     "grid": "a grid of benchmark runs",
     "report": "collect benchmark results into a report",
 }

@@ -468,13 +468,14 @@ def layerwise_probe(model: str, size_scale: float = 1.0, base: str = "byteschedu
             "loadavg": list(os.getloadavg())}
 
 
-def link_counters(iface: str | None) -> tuple[int, int] | None:
+def link_counters(iface: str | None, pid: int | str = "self") -> tuple[int, int] | None:
     """(received, sent) bytes of this host's interface ``iface``, from the kernel's own counters
-    (/proc/net/dev belongs to the reader's network namespace: the emulated host's)."""
+    (/proc/net/dev belongs to the reader's network namespace: the emulated host's; with ``pid``, that
+    process's namespace, e.g. a server's on an emulated host of its own)."""
     if not iface:
         return None
     try:
-        with open("/proc/self/net/dev") as f:
+        with open(f"/proc/{pid}/net/dev") as f:
             for line in f:
                 name, _, rest = line.partition(":")
                 if name.strip() == iface:
