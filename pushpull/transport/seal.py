@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -86,7 +87,7 @@ class Session:
         for i, v in enumerate(views):
             n = v.nbytes + TAG
             head = struct.pack("<I", n)
-            ct = bytearray(n)
+            ct = np.empty(n, np.uint8)  # not zeroed first: the cipher writes every byte
             self._out.encrypt_into(self._nonce(self._sent), v, _AAD.pack(total, i, n), ct)
             self._sent += 1
             out.append(head)
