@@ -57,7 +57,11 @@ Keys (defaults in brackets):
   beyond k = 4 servers as pushpull.config.default_partition_bytes]: the PS
   engine's key size (``BYTEPS_PARTITION_BYTES``); keys are spread over the
   servers, and every key is one push and one pull message. A list makes it a
-  grid axis (``"default"`` or ``null`` in it = the default).
+  grid axis (``"default"`` or ``null`` in it = the default). ``"engine"``: the
+  engine's own default at k servers, unscaled (what a job of ``grad_mb`` MB gets
+  with BYTEPS_PARTITION_BYTES unset): where the CPU, not a link, is the limit, a
+  message's fixed cost does not shrink with the model, so scaled keys would
+  charge a scaled model the per-message CPU of the full-size one 1/scale times.
 * ``timeout`` [600]: seconds per launch.
 * ``exclude`` [[]]: partial cells to leave out, e.g.
   ``[{"backend": "allreduce", "placement": "separate"}]``.
@@ -250,8 +254,9 @@ def expand(cfg: dict) -> list[dict]:
                      "size_scale": size_scale, "grad_bytes": grad_bytes, "compute_scale": compute_scale,
                      "batch_size": prof.batch_size, "runs": runs,
                      # PS keys: the default key size at k servers x the size scale (BYTEPS_PARTITION_BYTES)
-                     "ps_partition_bytes": units.size_bytes(psp, "ps_partition_bytes")
-                     if psp not in (None, "default") else scaled_ps_partition_bytes(size_scale, k)})
+                     "ps_partition_bytes": (scaled_ps_partition_bytes(size_scale, k) if psp in (None, "default")
+                                            else default_partition_bytes(k) if psp == "engine"
+                                            else units.size_bytes(psp, "ps_partition_bytes"))})
     return jobs
 
 

@@ -75,9 +75,30 @@ def bind_error(host: str, port: int, err: Exception) -> ConfigError:
 
 def server_address(server: dict, local_ipc: bool) -> str:
     """Where a worker sends its pushes and pulls for ``server`` (its address book entry): the abstract Unix
-    socket a server on loopback offers (``ipc``, Van.bind_ipc) unless PUSHPULL_LOCAL_IPC=0 here, else its
-    TCP port. Loopback and an abstract socket are reached from the same network namespace, so a worker
-    that can reach the one can reach the other."""
+    socket the server offers (``ipc``, Van.bind_ipc) unless PUSHPULL_LOCAL_IPC=0 here, when the server is on
+    this worker's host, else its TCP port.
+
+    On this host means: on loopback, or, for a server advertised at another address (a colocated server of a
+    multi-machine job), its abstract socket answers a connect from here. An abstract socket belongs to the
+    network namespace, so a worker that can connect to it shares the server's host; a ZeroMQ connect to a name
+    nobody listens on would wait forever instead of failing, hence the probe."""
     if local_ipc and server.get("ipc"):
-        return str(server["ipc"])
+        ipc = str(server["ipc"])
+        if str(server.get("host", "")).startswith("127.") or server.get("host") == "localhost" or _answers(ipc):
+            return ipc
     return f"tcp://{server['host']}:{server['port']}"
+
+
+def _answers(ipc: str) -> bool:
+    """Whether an ``ipc://@NAME`` abstract socket is listening in this network namespace."""
+    if not ipc.startswith("ipc://@"):
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect("\0" + ipc[len("ipc://@"):])
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

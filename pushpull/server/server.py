@@ -88,14 +88,16 @@ class Server:
                                                   sealed=lane_sealed(self.van.auth, self.host))
             except OSError as e:
                 raise bind_error(listen, 0, e) from None
-        # workers on this host push and pull over an abstract Unix socket instead of loopback TCP (Van.bind_ipc)
-        if cfg.local_ipc and is_loopback(self.host):
+        # workers on this host (on loopback, or colocated with it) push and pull over an abstract Unix socket
+        # instead of TCP (Van.bind_ipc; the workers find out whether they share the host: cluster.address)
+        if cfg.local_ipc:
             ipc = self.van.bind_ipc(SOCK)
             if ipc:
                 info["ipc"] = ipc
         # those workers also exchange large keys' payloads through shared memory (pushpull.transport.shm), unless
-        # the job asked for encryption on loopback (PUSHPULL_AUTH=curve): payloads in files are not encrypted
-        unencrypted = self.van.auth is None or self.van.auth.mechanism(self.host) != "curve"
+        # the job asked for encryption even on one host (PUSHPULL_AUTH=curve): payloads in files are not
+        # encrypted. With auto, a colocated worker's payloads never reach a wire, as on loopback
+        unencrypted = self.van.auth is None or self.van.auth.mode != "curve"
         self.regions = (shm.Regions() if cfg.local_shm and "ipc" in info and unencrypted and shm.available()
                         else None)
         self.member = Member(self.van, cfg, info,

@@ -142,7 +142,7 @@ class Van:
         return port
 
     def bind_ipc(self, sid: str) -> str | None:
-        """Also listen with ROUTER ``sid`` (bound first, on loopback) on an abstract Unix socket; returns its
+        """Also listen with ROUTER ``sid`` (bound first) on an abstract Unix socket; returns its
         ``ipc://@NAME`` address, or None where the system has no abstract sockets (not Linux).
 
         Why: over loopback TCP, each byte of a push or a pull goes through the TCP stack (segments,
@@ -631,17 +631,21 @@ class _DealerLane:
             except (OSError, LaneError) as e:  # pushpull.transport.seal.SealError is an OSError
                 self.fail(str(e))
                 return
-            if msgs is None:
-                self.fail("the server closed it")
+            if msgs is None:  # the server closed it (it is leaving; a server that fails is reported by the
+                self.fail(None)  # membership): quietly back to the DEALER
                 return
             for frames in msgs:
                 self.van._dispatch(self.sid, None, frames, self.handler, False)
             if self.van._dealer_lanes.get(self.sid) is not self or c.reader.body is None:
                 return  # (go on only while a large message fills up)
 
-    def fail(self, why: str) -> None:
-        log.warning("%s: the lane to %s broke (%s); its messages go over ZeroMQ from now on", self.van.name,
-                    self.sid, why)
+    def fail(self, why: str | None) -> None:
+        if why:
+            log.warning("%s: the lane to %s broke (%s); its messages go over ZeroMQ from now on", self.van.name,
+                        self.sid, why)
+        else:
+            log.info("%s: the server closed the lane to %s; its messages go over ZeroMQ from now on", self.van.name,
+                     self.sid)
         self.close()
 
     def close(self) -> None:
