@@ -28,7 +28,7 @@ from pushpull.cli import help_text
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
 GROUP = ("model", "backend", "workers", "servers", "placement", "bandwidth", "ratio", "local_size", "local_reduce",
-         "ps_partition_bytes")
+         "ps_partition_bytes", "auth")
 
 
 def _mean_std(xs):
@@ -108,10 +108,11 @@ def local_reduce_comparison(agg: list[dict]) -> list[dict]:
 def backend_comparison(agg: list[dict]) -> list[dict]:
     """PS cells next to the all-reduce cell of the same model, strategy, workers, bandwidth and ratio
     (an all-reduce has no servers, so its placement does not matter)."""
-    drop = ("backend", "servers", "placement", "ps_partition_bytes")  # the PS key size is no all-reduce setting
+    # the PS key size and PUSHPULL_AUTH are no all-reduce settings (gloo is never encrypted)
+    drop = ("backend", "servers", "placement", "ps_partition_bytes", "auth")
     # an all-reduce row carries the key size of the grid job it ran beside: a PS cell pairs with the ring that
     # ran in the same grid run where there is one (a re-run at another key size), else with any
-    same_run = ("backend", "servers", "placement")
+    same_run = ("backend", "servers", "placement", "auth")
     ar, ar_same = {}, {}
     for a in agg:
         if a["backend"] == "allreduce":
@@ -184,7 +185,15 @@ def _fmt_bw(b):
 
 def _key_label(a: dict, agg: list[dict]) -> str:
     """' (N KiB keys)' for a PS cell whose group ran more than one PS key size (a grid axis), else ''
-    (each model's default key size differs with its scale, which is no axis)."""
+    (each model's default key size differs with its scale, which is no axis); ' [auth A]' for a PS cell of a
+    grid with more than one PUSHPULL_AUTH."""
+    auth = ""
+    if a["backend"] == "ps" and len({b.get("auth") for b in agg if b["backend"] == "ps"}) > 1:
+        auth = f" [auth {a.get('auth')}]"
+    return _size_label(a, agg) + auth
+
+
+def _size_label(a: dict, agg: list[dict]) -> str:
     g = _gkey(a, drop=("ps_partition_bytes",))
     sizes = {b.get("ps_partition_bytes") for b in agg
              if b["backend"] == "ps" and _gkey(b, drop=("ps_partition_bytes",)) == g}

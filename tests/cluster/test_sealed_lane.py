@@ -222,3 +222,24 @@ def test_a_worker_van_carries_its_dealer_messages_over_an_adopted_lane(server):
         assert all(identity == b"w0" for identity, _, _ in got)
     finally:
         worker.stop()
+
+
+def test_a_worker_reaches_a_colocated_server_over_its_abstract_socket_only_when_it_answers():
+    """cluster.address.server_address: a server advertised at a non-loopback address is reached over its ipc
+    socket when that socket answers from this network namespace (a colocated server), else over TCP: a ZeroMQ
+    connect to a name nobody listens on would wait forever."""
+    import os
+
+    from pushpull.cluster.address import server_address
+
+    name = f"pushpull-test-{os.getpid()}-{os.urandom(4).hex()}"
+    book = {"host": "10.1.2.3", "port": 4242, "ipc": f"ipc://@{name}"}
+    assert server_address(book, True) == "tcp://10.1.2.3:4242"  # nobody listens: another host's server
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(1)
+    try:
+        assert server_address(book, True) == f"ipc://@{name}"
+        assert server_address(book, False) == "tcp://10.1.2.3:4242"  # PUSHPULL_LOCAL_IPC=0
+    finally:
+        listener.close()
