@@ -220,11 +220,13 @@ SETTINGS: tuple[Setting, ...] = (
       "CURVE (docs/security.md). On them the direct path (PUSHPULL_DIRECT_BYTES) sends and receives from the "
       "caller's thread without libzmq's I/O threads (docs/results.md, Transport), and workers carry their "
       "pushes and pulls (PUSHPULL_DATA_LANE). 0: no lanes; everything over ZeroMQ."),
-    S("data_lane", [], True, _bool, "0 | 1",
-      "A worker's pushes and pulls to a server it reaches over TCP go through a lane (PUSHPULL_DIRECT_LANE) "
+    S("data_lane", [], False, _bool, "0 | 1",
+      "1: a worker's pushes and pulls to a server it reaches over TCP go through a lane (PUSHPULL_DIRECT_LANE) "
       "from its communication thread: large messages are read straight into their own buffers, and between "
-      "machines each frame is encrypted once with AES-128-GCM instead of CURVE's copies "
-      "(docs/results/line_rate.md). 0: over the ZeroMQ connection, as before."),
+      "machines each frame is encrypted once with AES-128-GCM instead of CURVE's copies: 0.6x CURVE's CPU per "
+      "byte, 5-15 % less CPU per byte unencrypted (docs/results/line_rate.md). Off by default: on the emulated "
+      "100-200 Mbit/s grid with 64 KiB keys it made the PS 0.76-1.05x the ring where ZeroMQ gives 1.31-1.37x, "
+      "for a reason not yet found. 0: over the ZeroMQ connection."),
     S("local_ipc", [], True, _bool, "0 | 1",
       "A server reached on loopback also listens on an abstract Unix socket (ZeroMQ ipc, scoped to the network "
       "namespace as loopback is, with the same authentication), and the workers of its host send their pushes "

@@ -46,10 +46,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(pushpull.sim.config.CpuCosts; a file without the cpu_* figures charges nothing)")
     p.add_argument("--encryption", default="auto", choices=("auto", "curve", "aesgcm", "none"),
                    help="with --probe: what the PS pays per byte to encrypt (auto = PUSHPULL_AUTH=auto between "
-                        "machines: AES-128-GCM on the data lanes, ZeroMQ CURVE with --no-data-lane; none: plain; "
-                        "the ring is never encrypted)")
-    p.add_argument("--no-data-lane", dest="data_lane", action="store_false",
-                   help="with --probe: the PS's data path is ZeroMQ (PUSHPULL_DATA_LANE=0), not a plain-socket lane")
+                        "machines: ZeroMQ CURVE, AES-128-GCM with --data-lane; none: plain; the ring is never "
+                        "encrypted)")
+    p.add_argument("--data-lane", action="store_true",
+                   help="with --probe: the PS's data path is a plain-socket lane (PUSHPULL_DATA_LANE=1), not ZeroMQ")
     p.add_argument("--cores", default="1",
                    help="with --probe: cores each process (worker, server, ring rank) can use (default 1)")
     p.add_argument("--shared-cores",
@@ -147,7 +147,7 @@ def _cpu(a) -> CpuCosts | None:
     cores = _float(a.cores, "--cores", strict=True)
     shared = _float(a.shared_cores, "--shared-cores", strict=True) if a.shared_cores else None
     return CpuCosts.from_probe(row, encryption=a.encryption, cores=cores, shared_cores=shared,
-                               data_lane=getattr(a, "data_lane", True))
+                               data_lane=getattr(a, "data_lane", False))
 
 
 def _compression(a) -> Compression | None:

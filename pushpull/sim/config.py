@@ -114,12 +114,12 @@ class CpuCosts:
 
     @classmethod
     def from_probe(cls, row: dict | None, encryption: str | None = "auto", cores: float = 1.0,
-                   shared_cores: float | None = None, data_lane: bool = True) -> "CpuCosts | None":
+                   shared_cores: float | None = None, data_lane: bool = False) -> "CpuCosts | None":
         """Per-role costs from the primitives ``pushpull bench probe`` measured (``cpu_*`` fields, CPU
         seconds per byte; None where the row has none).
 
-        PS: the data path is a lane, a plain socket (``cpu_tcp_send``/``cpu_tcp_recv``; PUSHPULL_DATA_LANE),
-        or with ``data_lane=False`` ZeroMQ (``cpu_zmq_send``/``cpu_zmq_recv``); a server also sums every push
+        PS: the data path is ZeroMQ (``cpu_zmq_send``/``cpu_zmq_recv``), or with ``data_lane`` (PUSHPULL_DATA_LANE=1)
+        a lane, a plain socket (``cpu_tcp_send``/``cpu_tcp_recv``); a server also sums every push
         (``cpu_sum``). ``encryption``: ``"curve"`` adds ZeroMQ CURVE's extra cost per byte on both ends
         (``cpu_curve_send``/``cpu_curve_recv``), ``"aesgcm"`` AES-128-GCM's (``cpu_aesgcm_encrypt``/
         ``cpu_aesgcm_decrypt``), None or ``"none"`` nothing; ``"auto"`` is what PUSHPULL_AUTH=auto does

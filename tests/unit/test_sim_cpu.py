@@ -142,9 +142,9 @@ def test_auto_plan_reads_the_host_probe_and_picks_the_ring_when_the_ps_is_cpu_bo
     f = tmp_path / "host_probe.jsonl"
     f.write_text(json.dumps({"kind": "cpu", **PROBE}) + "\n")
     cpu = auto_plan.host_cpu(str(f), shared_cores=2, auth="auto")
-    assert cpu.worker_push == pytest.approx(PROBE["cpu_tcp_send"] + PROBE["cpu_aesgcm_encrypt"])
-    no_lane = auto_plan.host_cpu(str(f), shared_cores=2, auth="auto", data_lane=False)
-    assert no_lane.worker_push == pytest.approx(PROBE["cpu_zmq_send"] + PROBE["cpu_curve_send"])
+    assert cpu.worker_push == pytest.approx(PROBE["cpu_zmq_send"] + PROBE["cpu_curve_send"])
+    lane = auto_plan.host_cpu(str(f), shared_cores=2, auth="auto", data_lane=True)
+    assert lane.worker_push == pytest.approx(PROBE["cpu_tcp_send"] + PROBE["cpu_aesgcm_encrypt"])
     prof = model()
     bw = 10e9 / 8
 

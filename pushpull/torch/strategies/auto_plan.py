@@ -62,10 +62,10 @@ def _one_buffer_s(cluster: ClusterConfig, nbytes: int) -> float:
 
 
 def host_cpu(path: str | None, shared_cores: float | None = None, auth: str = "auto",
-             data_lane: bool = True) -> CpuCosts | None:
+             data_lane: bool = False) -> CpuCosts | None:
     """The CPU cost per byte of PUSHPULL_HOST_PROBE's file (None: unset, or a file without the figures).
-    ``auth`` is PUSHPULL_AUTH: ``auto`` and ``curve`` encrypt the PS between machines (AES-GCM on the data
-    lanes, PUSHPULL_DATA_LANE; CURVE without them)."""
+    ``auth`` is PUSHPULL_AUTH: ``auto`` and ``curve`` encrypt the PS between machines (CURVE; AES-GCM on the
+    data lanes with PUSHPULL_DATA_LANE=1)."""
     if not path:
         return None
     row = read_probe(path)
