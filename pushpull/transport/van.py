@@ -36,7 +36,7 @@ import zmq
 import zmq.backend
 from zmq.utils.monitor import recv_monitor_message
 
-from pushpull.transport.lane import LaneError, LaneServer
+from pushpull.transport.lane import ERROR, READ, WRITE, LaneError, LaneServer
 from pushpull.transport.ratelimit import RateLimitedLog
 from pushpull.transport.protocol import (
     BATCHED_OVERHEAD, Header, Msg, MsgType, ProtocolError, decode, pack_batch, unpack_batch,
@@ -214,7 +214,7 @@ class Van:
             _, handler, _ = self._handlers[self._sockets[sid]]
             lane = _DealerLane(self, sid, conn, handler)
             self._dealer_lanes[sid] = lane
-            self._watch(lane, conn.fd, READ_EVENTS)
+            self._watch(lane, conn.fd, READ)
 
         if self._thread is None or threading.current_thread() is self._thread:
             register()
@@ -589,10 +589,6 @@ class Van:
         self.ctx.term()
 
 
-READ_EVENTS = 1  # pushpull.transport.lane.READ
-WRITE_EVENTS = 2
-
-
 class _DealerLane:
     """A worker's lane to one server, in place of its DEALER: driven by the Van's loop like a server's lanes."""
 
@@ -609,19 +605,19 @@ class _DealerLane:
             self.fail(f"write failed: {e}")
             return
         if more and not waiting:
-            self.van._watch(self, c.fd, READ_EVENTS | WRITE_EVENTS)
+            self.van._watch(self, c.fd, READ | WRITE)
 
     def ready(self, fd: int, events: int) -> None:
         c = self.conn
-        if events & WRITE_EVENTS and (c.head or c.queue):
+        if events & WRITE and (c.head or c.queue):
             try:
                 more = c.flush()
             except OSError as e:
                 self.fail(f"write failed: {e}")
                 return
             if not more:
-                self.van._watch(self, c.fd, READ_EVENTS)
-        if not events & (READ_EVENTS | 4):
+                self.van._watch(self, c.fd, READ)
+        if not events & (READ | ERROR):
             return
         for _ in range(64):  # bounded: one busy lane cannot starve the others
             try:
