@@ -278,6 +278,11 @@ class Conn:
         self.head_copied = 0
         self.head_held = True  # whether the head's buffers may be kept (held, sealed, or the framing's own)
 
+    @property
+    def waiting(self) -> bool:
+        """Whether bytes wait for the socket to be writable (its owner then watches it for WRITE)."""
+        return bool(self.head or self.queue)
+
     def read(self, chunk_view: memoryview) -> list | None:
         """Read once (non-blocking); the messages completed, or None when the peer hung up. Raises
         BlockingIOError when nothing was there, OSError, LaneError."""
@@ -489,7 +494,7 @@ class LaneServer:
         c = self.conns.get(fd)
         if c is None:
             return
-        if events & WRITE and (c.head or c.queue):
+        if events & WRITE and c.waiting:
             self._flush(c)
         if events & (READ | ERROR) and c.fd in self.conns:
             self._read(c)
@@ -593,7 +598,7 @@ class LaneServer:
 
     def _write(self, c: Conn, parts) -> None:
         """Write ``parts`` to ``c`` as one message, or what the kernel does not take now later."""
-        waiting = bool(c.head or c.queue)
+        waiting = c.waiting
         try:
             more = c.write(parts)
         except OSError as e:

@@ -598,7 +598,7 @@ class _DealerLane:
 
     def send(self, parts) -> None:
         c = self.conn
-        waiting = bool(c.head or c.queue)
+        waiting = c.waiting
         try:
             more = c.write(parts)
         except OSError as e:
@@ -609,7 +609,7 @@ class _DealerLane:
 
     def ready(self, fd: int, events: int) -> None:
         c = self.conn
-        if events & WRITE and (c.head or c.queue):
+        if events & WRITE and c.waiting:
             try:
                 more = c.flush()
             except OSError as e:
