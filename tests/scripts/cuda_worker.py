@@ -1,0 +1,219 @@
+"""Worker program for the CUDA checks (tests/cluster/test_cuda.py, scripts/gpu-check.sh): CUDA tensors through
+every path a GPU user takes, under the real launcher. It runs only where CUDA is available; the test skips
+elsewhere.
+
+Every expected value is rebuilt locally from (rank, step), as in api_worker.py. A result must come back on the
+tensor's own device, with its dtype, and right: exact for integers, to rounding for floats.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch import nn
+
+import pushpull.torch as bps
+from cases import run_cases
+
+# PUSHPULL_TEST_DEVICE=cpu runs the same cases on the CPU: how the checks themselves are checked without a GPU
+DEV = torch.device(os.environ.get("PUSHPULL_TEST_DEVICE", "cuda:0"))
+# the one compressor of each kind the registry has, with the wrappers (error feedback, momentum) on one of them
+COMPRESSIONS = {
+    "fp16": {},
+    "onebit": {"scaling": True, "ef": "vanilla"},
+    "topk": {"k": 0.05, "ef": "vanilla"},
+    "randomk": {"k": 0.05, "seed": 7, "ef": "vanilla"},
+    "dithering": {"k": 4},
+    "onebit_momentum": {"scaling": True, "ef": "vanilla", "momentum": "nesterov", "mu": 0.9},
+}
+
+
+def fail(msg: str) -> None:
+    print(f"FAIL rank {bps.rank()}: {msg}", flush=True)
+    raise AssertionError(msg)
+
+
+def check_on_device(name: str, out: torch.Tensor, like: torch.Tensor) -> None:
+    if out.device != like.device or out.dtype != like.dtype or out.shape != like.shape:
+        fail(f"{name}: came back as {out.device}/{out.dtype}/{tuple(out.shape)}, sent "
+             f"{like.device}/{like.dtype}/{tuple(like.shape)}")
+
+
+def per_rank(r: int, shape, dtype, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * salt + r)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def case_push_pull() -> None:
+    """push_pull of CUDA tensors of each dtype, big (several keys) and small: sum exact for integers."""
+    r, n = bps.rank(), bps.size()
+    for i, (dtype, numel, average) in enumerate([(torch.float32, 300_000, True), (torch.float32, 7, False),
+                                                 (torch.float16, 50_000, False), (torch.bfloat16, 40_000, True),
+                                                 (torch.int64, 100_000, False), (torch.int32, 33, False),
+                                                 (torch.float64, 20_000, True)]):
+        x = per_rank(r, (numel,), dtype, i).to(DEV)
+        out = bps.push_pull(x, average=average, name=f"cuda.pp.{i}")
+        check_on_device(f"push_pull {dtype}", out, x)
+        want = sum(per_rank(q, (numel,), dtype, i).to(torch.float64) for q in range(n))
+        if average:
+            want = want / n
+        got = out.cpu().to(torch.float64)
+        if dtype.is_floating_point:
+            tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-5)
+            if not torch.allclose(got, want, rtol=tol, atol=tol * n):
+                fail(f"push_pull {dtype}: max error {(got - want).abs().max().item():.3g}")
+        elif not torch.equal(got, want):
+            fail(f"push_pull {dtype}: integer sum not exact")
+
+
+def case_inplace_async() -> None:
+    """push_pull_inplace and several push_pull_async in flight at once, on CUDA tensors."""
+    r, n = bps.rank(), bps.size()
+    xs = [per_rank(r, (10_000 * (j + 1),), torch.float32, 20 + j).to(DEV) for j in range(4)]
+    handles = [bps.push_pull_async(x, average=False, name=f"cuda.async.{j}") for j, x in enumerate(xs)]
+    for j, h in enumerate(handles):
+        out = bps.synchronize(h)
+        check_on_device("push_pull_async", out, xs[j])
+        want = sum(per_rank(q, (10_000 * (j + 1),), torch.float32, 20 + j) for q in range(n))
+        if not torch.allclose(out.cpu(), want, rtol=1e-5, atol=1e-4):
+            fail(f"push_pull_async {j}: max error {(out.cpu() - want).abs().max().item():.3g}")
+    y = per_rank(r, (5000,), torch.float32, 30).to(DEV)
+    ptr = y.data_ptr()
+    bps.push_pull_inplace(y, average=True, name="cuda.inplace")
+    want = sum(per_rank(q, (5000,), torch.float32, 30) for q in range(n)) / n
+    if y.data_ptr() != ptr or y.device != DEV:
+        fail("push_pull_inplace: the tensor was replaced, not filled in place")
+    if not torch.allclose(y.cpu(), want, rtol=1e-5, atol=1e-5):
+        fail(f"push_pull_inplace: max error {(y.cpu() - want).abs().max().item():.3g}")
+
+
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).to(DEV)
+
+
+def batch(r: int, step: int):
+    g = torch.Generator().manual_seed(10_000 + 100 * step + r)
+    return torch.randn(8, 256, generator=g).to(DEV), torch.randint(0, 10, (8,), generator=g).to(DEV)
+
+
+def case_optimizer() -> None:
+    """DistributedOptimizer on a CUDA model equals one process stepping on every rank's batch (averaged)."""
+    r, n = bps.rank(), bps.size()
+    model, ref = make_model(1), make_model(1)
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    loss = nn.CrossEntropyLoss()
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(r, step)
+        loss(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        total = sum(loss(ref(*batch(q, step)[:1]), batch(q, step)[1]) for q in range(n)) / n
+        total.backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        check_on_device(f"parameter {name}", p.data, q.data)
+        if not torch.allclose(p, q, rtol=1e-4, atol=1e-5):
+            fail(f"optimizer: parameter {name} off by {(p - q).abs().max().item():.3g}")
+
+
+def case_compression() -> None:
+    """Each compressor on CUDA gradients: the step runs, parameters stay on the GPU, finite and moving; fp16
+    stays within its rounding of the uncompressed step."""
+    r = bps.rank()
+    loss = nn.CrossEntropyLoss()
+    for cname, kwargs in COMPRESSIONS.items():
+        codec = cname.split("_")[0]
+        model = make_model(2)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=[(f"{cname}.{k}", v) for k, v in model.named_parameters()],
+                                       compression=bps.Compression.build(codec, **kwargs))
+        for step in range(2):
+            opt.zero_grad()
+            x, y = batch(r, step)
+            loss(model(x), y).backward()
+            opt.step()
+        for p, b in zip(model.parameters(), before):
+            if p.device != DEV or not torch.isfinite(p).all():
+                fail(f"compression {cname}: parameter on {p.device}, finite={bool(torch.isfinite(p).all())}")
+        moved = sum((p - b).abs().sum().item() for p, b in zip(model.parameters(), before))
+        if moved == 0.0:
+            fail(f"compression {cname}: no parameter moved in two steps")
+
+
+def case_collectives() -> None:
+    """allreduce, allgather, broadcast and alltoall of CUDA tensors (Horovod's API over the servers)."""
+    r, n = bps.rank(), bps.size()
+    x = per_rank(r, (1000,), torch.float32, 40).to(DEV)
+    out = bps.allreduce(x, name="cuda.ar", op=bps.Sum)
+    check_on_device("allreduce", out, x)
+    want = sum(per_rank(q, (1000,), torch.float32, 40) for q in range(n))
+    if not torch.allclose(out.cpu(), want, rtol=1e-5, atol=1e-4):
+        fail("allreduce: wrong sum")
+    g = torch.full((r + 1, 3), float(r), device=DEV)
+    gathered = bps.allgather(g, name="cuda.ag")
+    if gathered.device != DEV or gathered.shape[0] != sum(q + 1 for q in range(n)):
+        fail(f"allgather: {gathered.device} {tuple(gathered.shape)}")
+    want_g = torch.cat([torch.full((q + 1, 3), float(q)) for q in range(n)])
+    if not torch.equal(gathered.cpu(), want_g):
+        fail("allgather: wrong rows")
+    b = torch.full((17,), float(r + 5), device=DEV)
+    bout = bps.broadcast(b, root_rank=0, name="cuda.bc")
+    if bout.device != DEV or not torch.equal(bout.cpu(), torch.full((17,), 5.0)):
+        fail(f"broadcast: {bout.device} {bout[:3].tolist()}")
+    a = torch.arange(2 * n, dtype=torch.float32, device=DEV) + 100 * r
+    aout = bps.alltoall(a, name="cuda.a2a")
+    aout = aout[0] if isinstance(aout, tuple) else aout
+    want_a = torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * q for q in range(n)])
+    if aout.device != DEV or not torch.equal(aout.cpu(), want_a):
+        fail(f"alltoall: {aout.device} {aout.cpu().tolist()} != {want_a.tolist()}")
+
+
+def case_broadcast_state() -> None:
+    """broadcast_parameters and broadcast_optimizer_state of a CUDA model and its Adam state."""
+    r = bps.rank()
+    model = make_model(100 + r)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = batch(r, 0)
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    opt.step()
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(opt, root_rank=0)
+    ref = make_model(100)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if p.device != DEV:
+            fail(f"broadcast_parameters: {name} moved to {p.device}")
+    sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    everyone = bps.allgather(sums.unsqueeze(0), name="cuda.bstate")
+    if not torch.equal(everyone.min(0).values, everyone.max(0).values):
+        fail("broadcast_parameters: ranks differ after the broadcast")
+    for st in opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v) and v.dim() > 0 and v.device != DEV:
+                fail(f"broadcast_optimizer_state: {k} on {v.device}")
+
+
+CASES = {"push_pull": case_push_pull, "inplace_async": case_inplace_async, "optimizer": case_optimizer,
+         "compression": case_compression, "collectives": case_collectives, "broadcast_state": case_broadcast_state}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("cases", nargs="+", choices=list(CASES) + ["all"])
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    bps.init()
+    cases = list(CASES) if "all" in args.cases else args.cases
+    run_cases(CASES, cases, bps.rank(), bps.size(), bps.shutdown)
+
+
+if __name__ == "__main__":
+    main()
