@@ -13,18 +13,19 @@ if [ -d .whl ]; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 if ! command -v tc >/dev/null 2>&1 && [ -d .ipr ]; then
-  mkdir -p /tmp/ipr/bin && for f in .ipr/*.deb; do dpkg -x "$f" /tmp/ipr; done
+  mkdir -p /tmp/ipr && for f in .ipr/*.deb; do dpkg -x "$f" /tmp/ipr; done
   for b in ip tc; do
-    printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/ipr/lib/x86_64-linux-gnu:/tmp/ipr/usr/lib/x86_64-linux-gnu exec /tmp/ipr/sbin/%s "$@"\n' "$b" \
-      > /tmp/ipr/bin/$b
-    [ -x /tmp/ipr/sbin/$b ] || sed -i "s#/tmp/ipr/sbin/$b#/tmp/ipr/usr/sbin/$b#" /tmp/ipr/bin/$b
-    chmod +x /tmp/ipr/bin/$b
+    real=$(ls /tmp/ipr/{bin,sbin,usr/bin,usr/sbin}/$b 2>/dev/null | head -1)
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/ipr/lib/x86_64-linux-gnu:/tmp/ipr/usr/lib/x86_64-linux-gnu exec %s "$@"\n' "$real" \
+      > /tmp/ipr/$b.sh && mv /tmp/ipr/$b.sh /tmp/ipr/wrap-$b
+    chmod +x /tmp/ipr/wrap-$b
   done
-  export PATH="/tmp/ipr/bin:$PATH"
+  mkdir -p /tmp/iprbin && mv /tmp/ipr/wrap-ip /tmp/iprbin/ip && mv /tmp/ipr/wrap-tc /tmp/iprbin/tc
+  export PATH="/tmp/iprbin:$PATH"
 fi
 { echo "== machine"; nproc; uname -r; free -g | head -2; command -v ip tc; } 2>&1 | tee "$OUT/machine.txt"
-echo "== gpu-check"
-GPU_CHECK_TIMEOUT=${GPU_CHECK_TIMEOUT:-200} bash scripts/gpu-check.sh 2>&1 | tee "$OUT/gpu-check.log" | tail -25
+if [ "${SKIP_GPU_CHECK:-0}" != 1 ]; then echo "== gpu-check"
+GPU_CHECK_TIMEOUT=${GPU_CHECK_TIMEOUT:-200} bash scripts/gpu-check.sh 2>&1 | tee "$OUT/gpu-check.log" | tail -25; fi
 echo "== emulated cluster"
 timeout 60 python3 -m pushpull cluster check 2>&1 | tee "$OUT/cluster-check.txt"
 CFG=benchmarks/configs/line_rate_16cores.json

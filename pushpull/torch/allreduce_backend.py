@@ -439,11 +439,19 @@ def get_reducer() -> AllReducer:
         return _reducer
 
 
-def process_group_backend(cuda: bool) -> str:
+def process_group_backend(cuda: bool, local_size: int = 1, gpus: int = 1) -> str:
     """The backend string the all-reduce process group is joined with. With CUDA, NCCL for CUDA tensors and gloo
     for CPU ones: an NCCL-only group fails every CPU tensor ('No backend type associated with device type cpu'),
-    which a job on a GPU machine reducing CPU gradients, metrics or ids would hit."""
-    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    which a job on a GPU machine reducing CPU gradients, metrics or ids would hit. Where a host runs more ranks
+    than it has GPUs, two ranks share a GPU and NCCL refuses the group at the first collective ('Duplicate GPU
+    detected', seen on a one-GPU machine with 2 ranks): gloo then reduces the CUDA tensors too."""
+    if not cuda:
+        return "gloo"
+    if local_size > gpus:
+        log.warning("all-reduce backend: %d ranks on this host share %d GPU(s), which NCCL refuses; reducing CUDA "
+                    "tensors with gloo instead", local_size, gpus)
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
 
 
 def _create() -> AllReducer:
@@ -457,7 +465,8 @@ def _create() -> AllReducer:
     own = False
     if not dist.is_initialized():
         port = cfg.allreduce_port or cfg.root_port + 2
-        backend = process_group_backend(torch.cuda.is_available())
+        cuda = torch.cuda.is_available()
+        backend = process_group_backend(cuda, ops.local_size(), torch.cuda.device_count() if cuda else 0)
         try:
             dist.init_process_group(backend, init_method=f"tcp://{cfg.root_uri}:{port}", rank=rank,
                                     world_size=size, timeout=timeout)
