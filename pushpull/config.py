@@ -35,6 +35,24 @@ def _bool(s: str) -> bool:
     raise ValueError("expected 0/1, true/false, yes/no or on/off")
 
 
+def _lane_choice(s: str) -> str:
+    v = s.strip().lower()
+    if v == "auto":
+        return v
+    return "1" if _bool(v) else "0"
+
+
+# PUSHPULL_DATA_LANE=auto carries a job's pushes and pulls over lanes when its keys are at least this large
+LANE_MIN_PARTITION_BYTES = 1 << 20
+
+
+def data_lane_on(cfg) -> bool:
+    """Whether a worker carries its pushes and pulls over lanes (PUSHPULL_DATA_LANE, PUSHPULL_DIRECT_LANE)."""
+    if not cfg.direct_lane or cfg.data_lane == "0":
+        return False
+    return cfg.data_lane == "1" or int(cfg.partition_bytes) >= LANE_MIN_PARTITION_BYTES
+
+
 def _int_min(lo: int) -> Callable[[str], int]:
     def parse(s: str) -> int:
         v = int(s.strip(), 0)
@@ -220,13 +238,15 @@ SETTINGS: tuple[Setting, ...] = (
       "CURVE (docs/security.md). On them the direct path (PUSHPULL_DIRECT_BYTES) sends and receives from the "
       "caller's thread without libzmq's I/O threads (docs/results.md, Transport), and workers carry their "
       "pushes and pulls (PUSHPULL_DATA_LANE). 0: no lanes; everything over ZeroMQ."),
-    S("data_lane", [], False, _bool, "0 | 1",
+    S("data_lane", [], "auto", _lane_choice, "auto | 0 | 1",
       "1: a worker's pushes and pulls to a server it reaches over TCP go through a lane (PUSHPULL_DIRECT_LANE) "
       "from its communication thread: large messages are read straight into their own buffers, and between "
       "machines each frame is encrypted once with AES-128-GCM instead of CURVE's copies: 0.6x CURVE's CPU per "
-      "byte, 5-15 % less CPU per byte unencrypted (docs/results/line_rate.md). Off by default: on the emulated "
-      "100-200 Mbit/s grid with 64 KiB keys it made the PS 0.76-1.05x the ring where ZeroMQ gives 1.31-1.37x, "
-      "for a reason not yet found. 0: over the ZeroMQ connection."),
+      "byte, 5-15 % less CPU per byte unencrypted (docs/results/line_rate.md). auto (default): lanes when the "
+      f"job's keys (PUSHPULL_PARTITION_BYTES) are at least {LANE_MIN_PARTITION_BYTES} bytes, as by default: a lane "
+      "handles each message in Python where libzmq uses a C thread of its own, which costs more than it saves "
+      "on a CPU-bound host with small keys (the emulated 200 Mbit/s grid's 64 KiB keys, 2 cores: the PS at "
+      "0.82x the ring over lanes, 1.12-1.27x over ZeroMQ). 0: always over the ZeroMQ connection."),
     S("local_ipc", [], True, _bool, "0 | 1",
       "A server reached on loopback also listens on an abstract Unix socket (ZeroMQ ipc, scoped to the network "
       "namespace as loopback is, with the same authentication), and the workers of its host send their pushes "
@@ -412,7 +432,7 @@ class Config:
     batch_bytes: int
     direct_bytes: int
     direct_lane: bool
-    data_lane: bool
+    data_lane: str  # auto | 0 | 1: pushpull.config.data_lane_on decides
     local_ipc: bool
     local_shm: bool
     threadpool_size: int

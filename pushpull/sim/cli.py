@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pushpull.cli import help_text
-from pushpull.config import DEFAULTS
+from pushpull.config import DEFAULTS, LANE_MIN_PARTITION_BYTES
 from pushpull.policy.bytescheduler import DEFAULTS as BS_DEFAULTS
 from pushpull.profiles import Profile, ProfileError, load_profile
 from pushpull.sim.config import (ClusterConfig, Compression, CpuCosts, format_bandwidth, format_bytes,
@@ -48,8 +48,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="with --probe: what the PS pays per byte to encrypt (auto = PUSHPULL_AUTH=auto between "
                         "machines: ZeroMQ CURVE, AES-128-GCM with --data-lane; none: plain; the ring is never "
                         "encrypted)")
-    p.add_argument("--data-lane", action="store_true",
-                   help="with --probe: the PS's data path is a plain-socket lane (PUSHPULL_DATA_LANE=1), not ZeroMQ")
+    p.add_argument("--data-lane", nargs="?", const="1", default="auto", choices=("auto", "0", "1"),
+                   help="with --probe: whether the PS's data path is a plain-socket lane, not ZeroMQ, as "
+                        "PUSHPULL_DATA_LANE (default auto: lanes for keys of at least "
+                        f"{LANE_MIN_PARTITION_BYTES} bytes; --data-lane alone: 1)")
     p.add_argument("--cores", default="1",
                    help="with --probe: cores each process (worker, server, ring rank) can use (default 1)")
     p.add_argument("--shared-cores",
@@ -147,7 +149,17 @@ def _cpu(a) -> CpuCosts | None:
     cores = _float(a.cores, "--cores", strict=True)
     shared = _float(a.shared_cores, "--shared-cores", strict=True) if a.shared_cores else None
     return CpuCosts.from_probe(row, encryption=a.encryption, cores=cores, shared_cores=shared,
-                               data_lane=getattr(a, "data_lane", False))
+                               data_lane=_data_lane(a))
+
+
+def _data_lane(a) -> bool:
+    """--data-lane as PUSHPULL_DATA_LANE decides it for the PS keys simulated (pushpull.config.data_lane_on)."""
+    mode = getattr(a, "data_lane", "auto")
+    if mode != "auto":
+        return mode == "1"
+    part = (_wrap(parse_bytes, a.ps_partition_bytes, "--ps-partition-bytes") if getattr(a, "ps_partition_bytes", None)
+            else DEFAULTS.partition_bytes)
+    return part >= LANE_MIN_PARTITION_BYTES
 
 
 def _compression(a) -> Compression | None:

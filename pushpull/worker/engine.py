@@ -25,7 +25,7 @@ import zmq
 from pushpull.cluster.address import server_address
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
-from pushpull.config import Config, WorkerIdentity, max_partition_bytes
+from pushpull.config import Config, WorkerIdentity, data_lane_on, max_partition_bytes
 from pushpull.transport import shm
 from pushpull.transport.protocol import Flags, Header, MsgType, decode_json, encode_json
 from pushpull.transport.memory import keep_freed_buffers
@@ -162,8 +162,8 @@ class Engine:
         to every message, and between machines CURVE copies every byte twice more to encrypt it; a lane reads a
         large message straight into its own buffer and seals each frame once with AES-GCM
         (pushpull.transport.seal). A lane that cannot be opened leaves that server on the DEALER, with a
-        warning."""
-        if not (self.cfg.data_lane and self.cfg.direct_lane):
+        warning. PUSHPULL_DATA_LANE=auto: only for keys of at least LANE_MIN_PARTITION_BYTES (pushpull.config)."""
+        if not data_lane_on(self.cfg):
             return
         from pushpull.transport.lane import LaneClient, lane_key, lane_sealed
 

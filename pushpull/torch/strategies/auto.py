@@ -37,6 +37,7 @@ import time
 
 import torch
 
+from pushpull.config import data_lane_on
 from pushpull.torch import ops
 from pushpull.torch.strategies import auto_plan
 from pushpull.torch.strategies.base import Strategy
@@ -304,7 +305,7 @@ class Auto(Strategy):
                                           [self._dtypes[n] for n in names])
         workers, servers, coloc = self.shape()
         try:
-            cpu = auto_plan.host_cpu(cfg.host_probe, cfg.shared_cores, cfg.auth, cfg.data_lane and cfg.direct_lane)
+            cpu = auto_plan.host_cpu(cfg.host_probe, cfg.shared_cores, cfg.auth, data_lane_on(cfg))
         except (OSError, ValueError) as e:
             log.warning("auto: PUSHPULL_HOST_PROBE=%s not used: %s", cfg.host_probe, e)
             cpu = None
