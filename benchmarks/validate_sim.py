@@ -149,15 +149,18 @@ def read_host_probes(path: str | None) -> dict[tuple, dict]:
 
 def cpu_costs(row: dict, probe: dict | None) -> dict | None:
     """The CPU charge of a grid cell from the host probe's CPU figures: the emulated cluster runs every
-    host's processes on one machine, so they share its ``cpus`` cores; the PS pays CURVE where the job's
-    PUSHPULL_AUTH encrypts between hosts (``auto``, the default, and ``curve``), the ring never."""
+    host's processes on one machine, so they share its ``cpus`` cores; the PS pays for encryption where the
+    job's PUSHPULL_AUTH encrypts between hosts (``auto``, the default, and ``curve``), the ring never: CURVE
+    over ZeroMQ, or AES-128-GCM where the row says its data went over lanes (``data_lanes``, recorded by grids
+    since session 13; an older row's data went over ZeroMQ)."""
     if not probe:
         return None
     from pushpull.sim.config import CpuCosts
 
     auth = str(row.get("auth") or "auto")
-    c = CpuCosts.from_probe(probe, encryption="curve" if auth in ("auto", "curve") else "none",
-                            shared_cores=float(row.get("cpus") or probe.get("cpus") or 1))
+    lanes = bool(row.get("data_lanes"))
+    c = CpuCosts.from_probe(probe, encryption="auto" if auth in ("auto", "curve") else "none",
+                            shared_cores=float(row.get("cpus") or probe.get("cpus") or 1), data_lane=lanes)
     return None if c is None else dict(c.__dict__)
 
 

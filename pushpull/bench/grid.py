@@ -585,6 +585,8 @@ def child_main(spec: dict, out: str) -> int:
                       for t in table[:, i].tolist()] for i, n in enumerate(names)}
     eng = bps.engine()
     local_active = bool(eng is not None and getattr(eng, "local", None) is not None)
+    # how rank 0 reached the servers over TCP: "sealed" / "plain" lanes (PUSHPULL_DATA_LANE), none = ZeroMQ
+    data_lanes = sorted(set(getattr(eng, "data_lanes", {}).values())) if eng is not None else []
     plans = {}
     # the (partition, credit) bytes each strategy ran with: the defaults unless the variant set them
     scheduling = {name: list(st.scheduling()) if st is not None else [None, None]
@@ -600,7 +602,7 @@ def child_main(spec: dict, out: str) -> int:
             json.dump({"times": times, "bytes": nbytes, "tensors": ntensors, "t_comm": t_comm,
                        "t_small": t_small, "t_stream": t_stream, "plans": plans, "opt_probe": opt_probe,
                        "scheduling": scheduling, "decisions": decisions, "link_bytes": link_bytes,
-                       "local_reduce_active": local_active}, f)
+                       "local_reduce_active": local_active, "data_lanes": data_lanes}, f)
     from pushpull.torch import allreduce_backend as allreduce
 
     allreduce.shutdown()  # also where auto joined the all-reduce group from a PS job
@@ -632,7 +634,7 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
             "step_std_s": statistics.stdev(flat) if len(flat) > 1 else 0.0, "try_step_s": tries,
             "throughput": job["workers"] * job["local_size"] * job["batch_size"] / step,
             "try_throughput": [job["workers"] * job["local_size"] * job["batch_size"] / t for t in tries],
-            "local_reduce_active": res.get("local_reduce_active"),
+            "local_reduce_active": res.get("local_reduce_active"), "data_lanes": res.get("data_lanes"),
             "link_bytes": (res.get("link_bytes") or {}).get(r["name"]),
             "steps": len(flat), "plan": res.get("plans", {}).get(r["name"]), "job_wall_s": wall,
             "opt_probe": res.get("opt_probe"), "auto_decision": (res.get("decisions") or {}).get(r["name"]),
