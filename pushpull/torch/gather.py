@@ -9,6 +9,8 @@ All four are differentiable as in Horovod.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from pushpull.torch import ops
@@ -142,7 +144,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
 
 
 class _Allgather(torch.autograd.Function):
-    """The gradient of rank r's input is rank r's rows of the sum of every rank's upstream gradient."""
+    """The gradient of rank r's input is rank r's rows of the average of every rank's upstream gradient
+    (Horovod's convention: each rank's loss is taken as one share of an averaged loss)."""
 
     @staticmethod
     def forward(ctx, tensor, name):
@@ -152,9 +155,9 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = allreduce(grad.contiguous(), name=_grad_name(ctx.name), op=Sum)
+        averaged = allreduce(grad.contiguous(), name=_grad_name(ctx.name), op=Average)
         start = sum(ctx.sizes[:ops.rank()])
-        return summed[start:start + ctx.sizes[ops.rank()]].reshape(ctx.shape), None
+        return averaged[start:start + ctx.sizes[ops.rank()]].reshape(ctx.shape), None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -203,7 +206,13 @@ def _splits_of(tensor: torch.Tensor, splits, n: int) -> list[int]:
             raise ValueError(f"alltoall without splits: the first dimension ({dim0}) is not a multiple of the "
                              f"number of workers ({n})")
         return [dim0 // n] * n
-    splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if isinstance(splits, torch.Tensor) and (splits.dtype.is_floating_point or splits.is_complex()):
+        raise ValueError(f"alltoall: splits must be integers, got a {splits.dtype} tensor {splits.tolist()}")
+    raw = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    bad = [s for s in raw if isinstance(s, bool) or not isinstance(s, numbers.Integral)]
+    if bad:
+        raise ValueError(f"alltoall: splits must be integers, got {raw} ({bad[0]!r} is a {type(bad[0]).__name__})")
+    splits = [int(s) for s in raw]
     if len(splits) != n:
         raise ValueError(f"alltoall: splits has {len(splits)} entries for {n} workers")
     if any(s < 0 for s in splits) or sum(splits) > dim0:
@@ -293,8 +302,11 @@ def _reducescatter_start(tensor, name, op, pre, post, process_set) -> int:
     ops._need_init()
     _check_global(process_set)
     op = _op(None, op)
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-        raise TypeError("reducescatter expects a torch.Tensor with at least one dimension")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"reducescatter expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        raise ValueError(f"reducescatter of {name!r}: a 0-d tensor (a scalar) has no first dimension to scatter; "
+                         f"give it at least one dimension (tensor.reshape(1))")
     n, r = ops.size(), ops.rank()
     key = ops.key_name("reducescatter", name, ops.like(tensor, _SERVER_OP[int(op)]) if name is None else "")
     src = _scale(tensor.detach(), pre).contiguous()
@@ -328,7 +340,8 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, pre, post):
         if op not in (Average, Sum):
             raise NotImplementedError(f"the gradient of reducescatter(op={op!r}) is not provided")
-        ctx.name, ctx.op, ctx.scale = name, op, pre * post / (ops.size() if op == Average else 1)
+        # Horovod's convention: the gathered upstream gradient, times size() for a Sum (1x for an Average)
+        ctx.name, ctx.op, ctx.scale = name, op, pre * post * (ops.size() if op == Sum else 1)
         return ops.synchronize(_reducescatter_start(tensor, name, op, pre, post, None))
 
     @staticmethod

@@ -12,6 +12,7 @@ import itertools
 import logging
 import sys
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -242,11 +243,17 @@ class Pending:
     def done(self) -> bool:
         return all(h.done() for h in self.parts)
 
-    def _collect(self, wait):
+    def _collect(self, wait, timeout: float):
+        """Every part within one deadline for the whole operation (not one per part in turn: a grouped
+        allreduce of 5 tensors with a rank missing fails after ``timeout``, not 5 x ``timeout``)."""
         outs, error = [], None
+        deadline = time.monotonic() + timeout
         for h in self.parts:  # wait for all, even after a failure, so none is left behind
+            left = deadline - time.monotonic()
+            if left <= 0 and error is not None and not h.done():
+                continue  # the deadline passed and the error names what was missing: the rest adds nothing
             try:
-                outs.append(wait(h))
+                outs.append(wait(h, max(left, 0.0)))
             except Exception as e:  # noqa: BLE001
                 error = error or e
         if error is not None:
@@ -254,10 +261,11 @@ class Pending:
         return self.finish(outs)
 
     def wait(self, timeout: float):
-        return self._collect(lambda h: h.wait(timeout))
+        return self._collect(lambda h, left: h.wait(left), timeout)
 
-    def wait_alive(self, timeout: float, failure, op: str = "push_pull"):
-        return self._collect(lambda h: h.wait_alive(timeout, failure, op))
+    def wait_alive(self, timeout: float, failure, op: str = "push_pull", limit: float | None = None):
+        said = timeout if limit is None else limit  # the whole operation's deadline, for messages
+        return self._collect(lambda h, left: h.wait_alive(left, failure, op, limit=said), timeout)
 
 
 def register_pending(name: str, handles: list[int], finish) -> int:
