@@ -22,7 +22,8 @@ from pushpull.worker.engine import KeySpec
 from pushpull.worker.handle import PushPullError
 
 __all__ = ["allgather", "allgather_async", "allgather_object", "alltoall", "alltoall_async", "reducescatter",
-           "reducescatter_async"]
+           "reducescatter_async", "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
+           "grouped_reducescatter_async"]
 
 
 # ------------------------------------------------------------------ shapes agreed first --
@@ -79,6 +80,8 @@ def _agree_rows(key: str, row: list[int], what: str) -> torch.Tensor:
                            sig=round_sig(average=False))
     layouts = {}
     for k in range(n):
+        if not table[k].any():  # a rank in join() pushes nothing (a zero row): it contributes no rows
+            continue
         layouts.setdefault(tuple(table[k, :_DIMS + 3].tolist()), []).append(k)
     if len(layouts) > 1:
         detail = "; ".join(f"rank(s) {rs} gave {_describe_row(list(lay))}" for lay, rs in layouts.items())
@@ -362,3 +365,51 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=g
     if tensor.requires_grad and torch.is_grad_enabled():
         return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor)
     return ops.synchronize(_reducescatter_start(tensor, name, op, prescale_factor, postscale_factor, None))
+
+
+# ------------------------------------------------------------------ grouped --
+
+def _group_base(kind: str, tensors: list, name, op: str = "") -> str:
+    """The group's name without its kind: ``name``, or an unnamed slot whose key holds what the group moves
+    (so its parts' names are freed with it when it is synchronized)."""
+    if name is not None:
+        return str(name)
+    # an allgather's first dimensions may differ by rank (its parts agree on layouts themselves)
+    like = "" if kind == "allgather" else "group." + "+".join(ops.like(t, op or "sum") for t in tensors)
+    return ops.key_name(kind, None, like)[len(kind) + 1:]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    """Several allgathers in flight together (the i-th is ``allgather.<name>.<i>``); ``synchronize``
+    returns the list of results. Each agrees on its ranks' first dimensions first, in turn."""
+    ops._need_init()
+    _check_global(process_set)
+    tensors = list(tensors)
+    base = _group_base("allgather", tensors, name)
+    hs = [_allgather_start(t, f"{base}.{i}", process_set)[0] for i, t in enumerate(tensors)]
+    return ops.register_pending(f"allgather.{base}", hs, list)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    """Horovod's ``grouped_allgather``: a list with every tensor's allgather (not differentiable here)."""
+    return ops.synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Several reducescatters in flight together (the i-th is ``reducescatter.<name>.<i>``); ``synchronize``
+    returns the list of this rank's parts, within one deadline for them all."""
+    ops._need_init()
+    _check_global(process_set)
+    tensors = list(tensors)
+    base = _group_base("reducescatter", tensors, name, _SERVER_OP[int(_op(None, op))])
+    hs = [_reducescatter_start(t, f"{base}.{i}", op, prescale_factor, postscale_factor, process_set)
+          for i, t in enumerate(tensors)]
+    return ops.register_pending(f"reducescatter.{base}", hs, list)
+
+
+def grouped_reducescatter(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0) -> list:
+    """Horovod's ``grouped_reducescatter``: a list with every tensor's reducescatter (not differentiable here)."""
+    return ops.synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                                       postscale_factor))
