@@ -2,7 +2,7 @@
 documentation says it should be, under the real launcher with 2 and 3 workers.
 
 Two launches per worker count (tests/scripts/parity_worker.py): the ``main`` cases, and the ``deadline``
-cases, where a rank stays away on purpose under PUSHPULL_TIMEOUT=3 (join() and multi-key operations must
+cases, where a rank stays away on purpose under PUSHPULL_TIMEOUT=2 (join() and multi-key operations must
 fail after one deadline naming the missing rank). One reported test per case and worker count.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(WORKER.parent))
 import parity_worker  # noqa: E402
 
 SHAPES = {2: 1, 3: 2}  # workers -> servers
-TIMEOUT = {"main": 20, "deadline": 3}
+TIMEOUT = {"main": 20, "deadline": 2}
 _runs: dict = {}
 
 

@@ -202,12 +202,18 @@ def _within_deadline(fn, needles, what: str) -> None:
     raise CaseFailed(f"{what}: no PushPullError")
 
 
+def _away() -> None:
+    """The rank that stays away reaches the next barrier after the others' deadline (a barrier waits
+    PUSHPULL_TIMEOUT too)."""
+    time.sleep(_timeout() + 1.0)
+
+
 @case(DEADLINE, "f3-join-deadline")
 def _():
     """A rank in join() whose peer never joins raises after PUSHPULL_TIMEOUT naming it (was: forever)."""
     r, n = hvd.rank(), hvd.size()
     if r == n - 1:
-        time.sleep(_timeout() + 2.5)  # stays away past the others' deadline, then joins (the job goes on)
+        time.sleep(_timeout() + 1.5)  # stays away past the others' deadline, then joins (the job goes on)
         hvd.join()
     else:
         _within_deadline(hvd.join, [f"rank(s) [{n - 1}]", "join()", "PUSHPULL_TIMEOUT"], "join()")
@@ -221,6 +227,8 @@ def _():
     if r != n - 1:
         _within_deadline(lambda: hvd.grouped_allreduce([torch.ones(3 + i) for i in range(5)], name="f4.grp"),
                          ["f4.grp", f"[{n - 1}]"], "grouped_allreduce")
+    else:
+        _away()
     hvd.barrier()
 
 
@@ -231,6 +239,8 @@ def _():
     if r != n - 1:
         _within_deadline(lambda: hvd.reducescatter(torch.ones(4 * n, 2), name="f4.rs"), ["f4.rs", f"[{n - 1}]"],
                          "reducescatter")
+    else:
+        _away()
     hvd.barrier()
 
 
@@ -241,6 +251,8 @@ def _():
     r, n = hvd.rank(), hvd.size()
     if r == 0:
         _within_deadline(lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum), ["[1"], "a lone unnamed allreduce")
+    else:
+        _away()
     hvd.barrier()
     try:
         got = hvd.allreduce(torch.full((2,), 10.0), op=hvd.Sum)
