@@ -208,7 +208,9 @@ SETTINGS: tuple[Setting, ...] = (
       "where the default would give more, the worker logs a warning with both counts, because the fill and "
       "the drain, each about servers x key / B, are then about 2 / (keys per server) of the step's transfer "
       "(100 Mbit/s grid: 4 keys per server ran at 0.94x the ring, the default key at 1.38x; "
-      "pushpull/worker/keycheck.py)."),
+      "pushpull/worker/keycheck.py). A value larger than a message can carry (half of "
+      "PUSHPULL_MAX_MESSAGE_BYTES, less 64 KiB) is capped there with one warning, as BytePS reads it as a "
+      "maximum (its tests set 2147483647 for 'do not partition'); only workers read it."),
     S("scheduling_credit", ["BYTEPS_SCHEDULING_CREDIT"], None, _auto_or_int, "auto | integer >= 0 (0 = unlimited)",
       "Credit in partitions: how many partitions a worker may have pushed and not yet acknowledged (0 = no "
       "limit). auto (default; BytePS's default is 0): when the servers are on other hosts, a window of twice the "
@@ -588,26 +590,57 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         values[s.name], sources[s.name] = read_setting(s.name, env)
     if sources["partition_bytes"] == "default":
         values["partition_bytes"] = default_partition_bytes(values["num_server"])
+    _cap_partition_bytes(values, sources)
     cfg = Config(**values, sources=sources)
     _check_consistency(cfg)
     return cfg
 
 
+def _named(sources: Mapping[str, str], name: str) -> str:
+    """The variable a message about setting ``name`` should name: the one that set it, else its own."""
+    src = sources.get(name, "default")
+    return _BY_NAME[name].env if src == "default" else src
+
+
 def _check_consistency(cfg: Config) -> None:
     if cfg.trace_end_step < cfg.trace_start_step:
         raise ConfigError(
-            f"{cfg.sources['trace_end_step']}={cfg.trace_end_step} is before "
-            f"{cfg.sources['trace_start_step']}={cfg.trace_start_step}")
+            f"{_named(cfg.sources, 'trace_end_step')}={cfg.trace_end_step} is before "
+            f"{_named(cfg.sources, 'trace_start_step')}={cfg.trace_start_step}")
     if cfg.root_port > 65535:
-        raise ConfigError(f"{cfg.sources['root_port']}={cfg.root_port} is invalid; accepts port 1..65535")
+        raise ConfigError(f"{_named(cfg.sources, 'root_port')}={cfg.root_port} is invalid; accepts port 1..65535")
     if cfg.local_size is not None and cfg.local_size < 1:
-        raise ConfigError(f"{cfg.sources['local_size']}={cfg.local_size} is invalid; accepts integer >= 1")
-    if cfg.partition_bytes > max_partition_bytes(cfg):
-        raise ConfigError(f"{cfg.sources['partition_bytes']}={cfg.partition_bytes} does not fit in half of "
-                          f"{cfg.sources['max_message_bytes']}={cfg.max_message_bytes}; raise the latter")
+        raise ConfigError(f"{_named(cfg.sources, 'local_size')}={cfg.local_size} is invalid; accepts integer >= 1")
     if cfg.local_rank is not None and cfg.local_size is not None and cfg.local_rank >= cfg.local_size:
-        raise ConfigError(f"{cfg.sources['local_rank']}={cfg.local_rank} must be < "
-                          f"{cfg.sources['local_size']}={cfg.local_size}")
+        raise ConfigError(f"{_named(cfg.sources, 'local_rank')}={cfg.local_rank} must be < "
+                          f"{_named(cfg.sources, 'local_size')}={cfg.local_size}")
+
+
+_capped_warned: set = set()  # (asked, cap) pairs already warned about: one warning per process
+
+
+def _cap_partition_bytes(values: dict, sources: dict) -> None:
+    """A worker's partition size larger than a message can carry is capped at what fits, with one warning.
+
+    BytePS reads BYTEPS_PARTITION_BYTES as a maximum (its own tests set 2147483647 to mean "do not
+    partition"), so a script that sets it large must run. Only workers cut tensors into partitions: the
+    scheduler and the servers carry no partitions of their own and do not look at it."""
+    if values["role"] != "worker":
+        return
+    cap = values["max_message_bytes"] // 2 - 65536
+    asked = values["partition_bytes"]
+    if asked <= cap:
+        return
+    values["partition_bytes"] = cap
+    if (asked, cap) not in _capped_warned:
+        _capped_warned.add((asked, cap))
+        import logging
+
+        limit = "PUSHPULL_MAX_MESSAGE_BYTES"
+        logging.getLogger("pushpull").warning(
+            "%s=%d is larger than a partition can be with %s=%d (half of it, less 64 KiB for headers): "
+            "partitions of %d bytes are used instead; raise %s for larger ones",
+            _named(sources, "partition_bytes"), asked, limit, values["max_message_bytes"], cap, limit)
 
 
 def max_partition_bytes(cfg: Config) -> int:

@@ -356,6 +356,8 @@ class Scheduler:
         self.joined.add(node.node_id)
         for s in self._live_servers():
             self._send(s, Header(MsgType.JOINED, key=node.node_id))
+        for w in self.workers.values():  # so that a worker's join() can say who it still waits for
+            self._send(w, Header(MsgType.JOINED, key=node.node_id))
         if len(self.joined) == len(self.workers):
             last, self.joined = node.node_id, set()
             self._new_generation("every worker joined", {}, {"joined_last": last})

@@ -20,7 +20,11 @@ def _check_scaling(v) -> None:
 
 @register_codec
 class OneBit(Compressor):
-    """Sign bits packed 32 per little-endian word (bit set = negative) plus one scale.
+    """Sign bits packed 32 per little-endian word (bit set = negative: x < 0) plus one scale.
+
+    The sign is BytePS's: ``x < 0`` is negative, so -0.0 (and NaN) decode to +scale. Taking the IEEE sign
+    bit instead would send -0.0 as negative: one bit cheaper to think about, but it disagrees with BytePS's
+    reference on every -0.0 (fp16 gradients have many), and no user gains from a signed zero's sign.
 
     With ``scaling`` the scale is mean(|x|), which keeps the decoded tensor's
     L1 norm equal to the input's; without it every element decodes to +-1.
@@ -47,7 +51,7 @@ class OneBit(Compressor):
         for start in range(0, n, CHUNK):  # CHUNK is a multiple of 8: chunks start on byte boundaries
             chunk = xs[start:start + CHUNK]
             f = flags[: chunk.size]
-            np.signbit(chunk, out=f)
+            np.less(chunk, 0, out=f)  # BytePS's sign: -0.0 and NaN are not negative
             bits = np.packbits(f, bitorder="little")
             packed[start // 8: start // 8 + bits.size] = bits
             if self.scaling:

@@ -91,6 +91,9 @@ class KeyState:
     wire_nbytes: int = field(init=False)  # bytes of an uncompressed push (checked on every push)
     code: int = field(init=False)  # the dtype's header code (a push's is compared with it)
     joined: set = field(default_factory=set)  # ranks that called join(): the server's set, shared
+    # a broadcast's round cannot complete without a rank in join() (its root's value may be the missing one):
+    # such a round fails on every rank naming the joined ranks (Horovod raises too)
+    needs_every_rank: bool = False
     backup: int = 0  # backup workers: a round completes with the first num_workers - backup pushes
     completed: int = 0  # backup keys: the highest round completed (told to pullers, so a late one catches up)
     dropped: dict = field(default_factory=dict)  # rank -> pushes dropped because their round had completed
@@ -217,9 +220,19 @@ class KeyState:
         slot.pushed.add(rank)
         self.pushes += 1
         if self._enough(slot):
+            self._fail_if_joined_missing(slot)
             self._complete(slot)
             return slot
         return None
+
+    def _fail_if_joined_missing(self, slot: Slot) -> None:
+        """A broadcast round that would complete only because ranks in join() are counted: fail it."""
+        absent = sorted(self.joined - slot.pushed) if self.needs_every_rank else []
+        if absent:
+            slot.error = (f"broadcast of tensor {self.name!r}: rank(s) {absent} called join() and take no part "
+                          f"until every rank has joined; a broadcast needs every rank (its root may be among "
+                          f"them), so round {slot.round} fails on every rank")
+            raise Disagreement(slot.error, slot)
 
     def _enough(self, slot: Slot) -> bool:
         """Every rank this key waits for pushed or joined (its writers, with the local reduce); with backup
@@ -257,6 +270,11 @@ class KeyState:
         done = []
         for slot in self.slots:
             if slot.round != -1 and not slot.ready and slot.error is None and self._enough(slot):
+                try:
+                    self._fail_if_joined_missing(slot)
+                except Disagreement:
+                    done.append(slot)  # slot.error says why: its waiting pulls get it
+                    continue
                 self._complete(slot)
                 done.append(slot)
         return done

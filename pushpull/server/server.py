@@ -197,7 +197,10 @@ class Server:
         for ks in self.keys.values():
             for slot in ks.complete_without_joined():
                 for ident, r, req_id in slot.waiting:
-                    self._answer_pull(ident, r, req_id, ks.key, slot.round, ks, slot)
+                    if slot.error is not None:  # a broadcast cannot complete without the joined rank
+                        self._error(ident, ks.key, slot.error, req_id)
+                    else:
+                        self._answer_pull(ident, r, req_id, ks.key, slot.round, ks, slot)
                 slot.waiting.clear()
 
     def _reply(self, identity: bytes, header: Header, frames: list = ()) -> None:
@@ -341,6 +344,7 @@ class Server:
             return
         ks = KeyState(key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
         ks.joined = self.joined
+        ks.needs_every_rank = decl.get("kind") == "broadcast"
         backup = (decl["meta"] or {}).get("backup_workers", 0)
         if backup:
             problem = self._backup_problem(backup, decl)

@@ -103,14 +103,14 @@ def _finish_output(started, out) -> None:
 def _broadcast_many(tensors: Iterable[tuple[str, torch.Tensor]], root_rank: int) -> None:
     """Broadcast ``(name, tensor)`` pairs in place from ``root_rank``; all in flight at once."""
     started = [_start(t, root_rank, name) for name, t in tensors]
-    first_error = None
-    for s in started:  # wait for all, even after a failure, so no handle is left behind
-        try:
-            _finish(s)
-        except Exception as e:  # noqa: BLE001
-            first_error = first_error or e
-    if first_error is not None:
-        raise first_error
+    if not started:
+        return
+    # one handle, so one deadline for them all (not PUSHPULL_TIMEOUT per tensor in turn), and every part
+    # waited for even after a failure, so no handle is left behind
+    outs = ops.synchronize(ops.register_pending(ops.handle_name(started[0][0]),
+                                                [s[0] for s in started], list))
+    for s, out in zip(started, outs):
+        _finish_output(s, out)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,

@@ -9,6 +9,8 @@ All four are differentiable as in Horovod.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from pushpull.torch import ops
@@ -20,7 +22,8 @@ from pushpull.worker.engine import KeySpec
 from pushpull.worker.handle import PushPullError
 
 __all__ = ["allgather", "allgather_async", "allgather_object", "alltoall", "alltoall_async", "reducescatter",
-           "reducescatter_async"]
+           "reducescatter_async", "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
+           "grouped_reducescatter_async"]
 
 
 # ------------------------------------------------------------------ shapes agreed first --
@@ -77,6 +80,8 @@ def _agree_rows(key: str, row: list[int], what: str) -> torch.Tensor:
                            sig=round_sig(average=False))
     layouts = {}
     for k in range(n):
+        if not table[k].any():  # a rank in join() pushes nothing (a zero row): it contributes no rows
+            continue
         layouts.setdefault(tuple(table[k, :_DIMS + 3].tolist()), []).append(k)
     if len(layouts) > 1:
         detail = "; ".join(f"rank(s) {rs} gave {_describe_row(list(lay))}" for lay, rs in layouts.items())
@@ -142,7 +147,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
 
 
 class _Allgather(torch.autograd.Function):
-    """The gradient of rank r's input is rank r's rows of the sum of every rank's upstream gradient."""
+    """The gradient of rank r's input is rank r's rows of the average of every rank's upstream gradient
+    (Horovod's convention: each rank's loss is taken as one share of an averaged loss)."""
 
     @staticmethod
     def forward(ctx, tensor, name):
@@ -152,9 +158,9 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = allreduce(grad.contiguous(), name=_grad_name(ctx.name), op=Sum)
+        averaged = allreduce(grad.contiguous(), name=_grad_name(ctx.name), op=Average)
         start = sum(ctx.sizes[:ops.rank()])
-        return summed[start:start + ctx.sizes[ops.rank()]].reshape(ctx.shape), None
+        return averaged[start:start + ctx.sizes[ops.rank()]].reshape(ctx.shape), None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -203,7 +209,13 @@ def _splits_of(tensor: torch.Tensor, splits, n: int) -> list[int]:
             raise ValueError(f"alltoall without splits: the first dimension ({dim0}) is not a multiple of the "
                              f"number of workers ({n})")
         return [dim0 // n] * n
-    splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if isinstance(splits, torch.Tensor) and (splits.dtype.is_floating_point or splits.is_complex()):
+        raise ValueError(f"alltoall: splits must be integers, got a {splits.dtype} tensor {splits.tolist()}")
+    raw = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    bad = [s for s in raw if isinstance(s, bool) or not isinstance(s, numbers.Integral)]
+    if bad:
+        raise ValueError(f"alltoall: splits must be integers, got {raw} ({bad[0]!r} is a {type(bad[0]).__name__})")
+    splits = [int(s) for s in raw]
     if len(splits) != n:
         raise ValueError(f"alltoall: splits has {len(splits)} entries for {n} workers")
     if any(s < 0 for s in splits) or sum(splits) > dim0:
@@ -293,8 +305,11 @@ def _reducescatter_start(tensor, name, op, pre, post, process_set) -> int:
     ops._need_init()
     _check_global(process_set)
     op = _op(None, op)
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-        raise TypeError("reducescatter expects a torch.Tensor with at least one dimension")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"reducescatter expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        raise ValueError(f"reducescatter of {name!r}: a 0-d tensor (a scalar) has no first dimension to scatter; "
+                         f"give it at least one dimension (tensor.reshape(1))")
     n, r = ops.size(), ops.rank()
     key = ops.key_name("reducescatter", name, ops.like(tensor, _SERVER_OP[int(op)]) if name is None else "")
     src = _scale(tensor.detach(), pre).contiguous()
@@ -328,7 +343,8 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, pre, post):
         if op not in (Average, Sum):
             raise NotImplementedError(f"the gradient of reducescatter(op={op!r}) is not provided")
-        ctx.name, ctx.op, ctx.scale = name, op, pre * post / (ops.size() if op == Average else 1)
+        # Horovod's convention: the gathered upstream gradient, times size() for a Sum (1x for an Average)
+        ctx.name, ctx.op, ctx.scale = name, op, pre * post * (ops.size() if op == Sum else 1)
         return ops.synchronize(_reducescatter_start(tensor, name, op, pre, post, None))
 
     @staticmethod
@@ -349,3 +365,51 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=g
     if tensor.requires_grad and torch.is_grad_enabled():
         return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor)
     return ops.synchronize(_reducescatter_start(tensor, name, op, prescale_factor, postscale_factor, None))
+
+
+# ------------------------------------------------------------------ grouped --
+
+def _group_base(kind: str, tensors: list, name, op: str = "") -> str:
+    """The group's name without its kind: ``name``, or an unnamed slot whose key holds what the group moves
+    (so its parts' names are freed with it when it is synchronized)."""
+    if name is not None:
+        return str(name)
+    # an allgather's first dimensions may differ by rank (its parts agree on layouts themselves)
+    like = "" if kind == "allgather" else "group." + "+".join(ops.like(t, op or "sum") for t in tensors)
+    return ops.key_name(kind, None, like)[len(kind) + 1:]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    """Several allgathers in flight together (the i-th is ``allgather.<name>.<i>``); ``synchronize``
+    returns the list of results. Each agrees on its ranks' first dimensions first, in turn."""
+    ops._need_init()
+    _check_global(process_set)
+    tensors = list(tensors)
+    base = _group_base("allgather", tensors, name)
+    hs = [_allgather_start(t, f"{base}.{i}", process_set)[0] for i, t in enumerate(tensors)]
+    return ops.register_pending(f"allgather.{base}", hs, list)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    """Horovod's ``grouped_allgather``: a list with every tensor's allgather (not differentiable here)."""
+    return ops.synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Several reducescatters in flight together (the i-th is ``reducescatter.<name>.<i>``); ``synchronize``
+    returns the list of this rank's parts, within one deadline for them all."""
+    ops._need_init()
+    _check_global(process_set)
+    tensors = list(tensors)
+    base = _group_base("reducescatter", tensors, name, _SERVER_OP[int(_op(None, op))])
+    hs = [_reducescatter_start(t, f"{base}.{i}", op, prescale_factor, postscale_factor, process_set)
+          for i, t in enumerate(tensors)]
+    return ops.register_pending(f"reducescatter.{base}", hs, list)
+
+
+def grouped_reducescatter(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0) -> list:
+    """Horovod's ``grouped_reducescatter``: a list with every tensor's reducescatter (not differentiable here)."""
+    return ops.synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                                       postscale_factor))

@@ -12,6 +12,7 @@ import itertools
 import logging
 import sys
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -39,6 +40,8 @@ class _State:
         self.ids = itertools.count(1)
         self.noname_busy: dict[tuple, set] = {}  # (kind, signature) -> slots of unnamed calls not yet synchronized
         self.noname_keys: dict[str, tuple] = {}  # an unnamed call's key -> (kind, signature, slot)
+        self.noname_agreed: set[str] = set()  # unnamed keys every rank said it uses (:func:`_agree_unnamed`)
+        self.noname_agreements = 0  # how many agreements this rank made: the agreement keys' numbers
         self.parked: Engine | None = None  # the engine after shutdown(): init() takes it up again
         self.lock = threading.Lock()
         self.local_names: set[str] = set()  # single-process mode: names not yet synchronized
@@ -72,6 +75,8 @@ def init(config: Config | None = None) -> None:
         return
     _state.noname_busy.clear()  # unnamed calls are numbered from 0 again, on every rank alike
     _state.noname_keys.clear()
+    _state.noname_agreed.clear()
+    _state.noname_agreements = 0
     if _state.parked is not None and config is None:
         _state.engine, _state.parked = _state.parked, None  # init() after shutdown(): the same membership
         _state.cfg = _state.engine.cfg
@@ -202,7 +207,55 @@ def key_name(kind: str, name: str | None, like: str = "") -> str:
         busy.add(slot)
         key = f"{kind}.noname.{like + '.' if like else ''}{slot}"
         _state.noname_keys[key] = (kind, like, slot)
+    if like and _state.engine is not None and key not in _state.noname_agreed:
+        try:
+            _agree_unnamed(key)
+        except BaseException:
+            release_key(key)  # nothing was pushed on it: the next unnamed call may take it
+            raise
+        _state.noname_agreed.add(key)
     return key
+
+
+_AGREE_BYTES = 96  # an unnamed key's name as every rank sees it, in one row of bytes per rank
+
+
+def _key_bytes(key: str) -> bytes:
+    raw = key.encode()
+    if len(raw) <= _AGREE_BYTES:
+        return raw
+    import zlib
+
+    return raw[:_AGREE_BYTES - 9] + b"~" + f"{zlib.crc32(raw):08x}".encode()
+
+
+def _agree_unnamed(key: str) -> None:
+    """The first use of an unnamed key: every rank says which key its call uses, on a key whose name does
+    not depend on the call (the n-th agreement of every rank), before any data moves.
+
+    Why: an unnamed call's key holds what it moves (dtype, shape, op), so ranks that disagree on the shape
+    would wait on different keys until PUSHPULL_TIMEOUT, and the push of the one that gave up would stay on
+    the servers for another rank's later call of that shape to sum (1 + 10 where 20 + 10 was due). Here every
+    rank raises at once, naming each rank's key, and nothing was pushed. Once agreed, a key is used without
+    asking again (a loop of unnamed metric averages pays this once)."""
+    st = _state
+    n, r = st.size, st.rank
+    st.noname_agreements += 1
+    table = torch.zeros(n, _AGREE_BYTES, dtype=torch.uint8)
+    mine = _key_bytes(key)
+    table[r, :len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    name = f"noname.agree.{st.noname_agreements}.n{n}"
+    table = reduce_now(table, None, False, name, spec=KeySpec(kind="noname"), sig=round_sig(average=False))
+    said: dict[str, list[int]] = {}
+    for k in range(n):
+        row = bytes(table[k].tolist()).rstrip(b"\0")
+        if row:  # a rank in join() gives an empty row: it takes no part
+            said.setdefault(row.decode(errors="replace"), []).append(k)
+    if len(said) > 1:
+        detail = "; ".join(f"rank(s) {ks} use {text!r}" for text, ks in said.items())
+        raise PushPullError(f"unnamed call {key!r} on rank {r}: the workers disagree on what it moves (an unnamed "
+                            f"call's key holds its dtype, shape and op, so they would wait on different keys): "
+                            f"{detail}. Make every rank pass the same dtype and shape, or name the call")
 
 
 def like(tensor: torch.Tensor, op: str = "sum") -> str:
@@ -242,11 +295,17 @@ class Pending:
     def done(self) -> bool:
         return all(h.done() for h in self.parts)
 
-    def _collect(self, wait):
+    def _collect(self, wait, timeout: float):
+        """Every part within one deadline for the whole operation (not one per part in turn: a grouped
+        allreduce of 5 tensors with a rank missing fails after ``timeout``, not 5 x ``timeout``)."""
         outs, error = [], None
+        deadline = time.monotonic() + timeout
         for h in self.parts:  # wait for all, even after a failure, so none is left behind
+            left = deadline - time.monotonic()
+            if left <= 0 and error is not None and not h.done():
+                continue  # the deadline passed and the error names what was missing: the rest adds nothing
             try:
-                outs.append(wait(h))
+                outs.append(wait(h, max(left, 0.0)))
             except Exception as e:  # noqa: BLE001
                 error = error or e
         if error is not None:
@@ -254,10 +313,11 @@ class Pending:
         return self.finish(outs)
 
     def wait(self, timeout: float):
-        return self._collect(lambda h: h.wait(timeout))
+        return self._collect(lambda h, left: h.wait(left), timeout)
 
-    def wait_alive(self, timeout: float, failure, op: str = "push_pull"):
-        return self._collect(lambda h: h.wait_alive(timeout, failure, op))
+    def wait_alive(self, timeout: float, failure, op: str = "push_pull", limit: float | None = None):
+        said = timeout if limit is None else limit  # the whole operation's deadline, for messages
+        return self._collect(lambda h, left: h.wait_alive(left, failure, op, limit=said), timeout)
 
 
 def register_pending(name: str, handles: list[int], finish) -> int:

@@ -2,9 +2,9 @@
 
 Why on arrival where it can: NumPy scales a float partition while copying it out of the message (one pass
 over the data instead of two); dtypes NumPy cannot scale in place (bfloat16) and integers are divided at
-the end, per tensor. The factor is 1/size, as Horovod's postscale factor (exact for powers of two, within
-one rounding of x / n otherwise), or 1/pushes-summed for a backup worker's round that completed without
-some ranks.
+the end, per tensor. The sum is divided by size (Horovod's average: the sum divided by the count, not
+multiplied by 1/size, which is one rounding away at 3 workers), or by the pushes summed for a backup
+worker's round that completed without some ranks.
 """
 from __future__ import annotations
 
@@ -32,25 +32,30 @@ class Averager:
         self.size = size
         self.inv = 1.0 / size
 
+    def _count(self, inv: float | None) -> int:
+        """The divisor: size, or the pushes a backup round summed (handed in as ``inv`` = 1/count)."""
+        return self.size if inv is None else round(1.0 / inv)
+
     def copy_sum(self, e: Entry, p: Partition, buf, dst: np.ndarray, average: bool,
                  inv: float | None = None) -> str | None:
-        """Copy a partition's sum from the server into ``dst`` (averaging floats on the way, times ``inv``:
-        1/size, or 1/pushes summed with backup workers); an error text when the server's answer does not fit."""
+        """Copy a partition's sum from the server into ``dst`` (averaging floats on the way: divided by size,
+        or by the pushes summed with backup workers, ``inv`` = 1/that); an error text when the server's answer
+        does not fit."""
         if len(buf) != p.nbytes:
             return f"tensor {e.name!r}: server {p.server} answered {len(buf)} bytes for a partition of {p.nbytes}"
         npdt = NP_FLOAT.get(e.dtype) if average and self.size > 1 else None
         if npdt is not None:  # average while copying: one pass over the data instead of two
-            np.multiply(np.frombuffer(buf, dtype=npdt), self.inv if inv is None else inv, out=dst.view(npdt))
+            np.divide(np.frombuffer(buf, dtype=npdt), npdt(self._count(inv)), out=dst.view(npdt))
         else:
             np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
         return None
 
     def scale(self, dst: np.ndarray, dtype: torch.dtype, average: bool, inv: float | None = None) -> None:
-        """A decompressed partition, in place (by ``inv``: 1/size, or 1/pushes summed with backup workers)."""
+        """A decompressed partition, in place (divided by size, or by the pushes summed with backup workers)."""
         npdt = NP_FLOAT.get(dtype) if average and self.size > 1 else None
         if npdt is not None:
             typed = dst.view(npdt)
-            np.multiply(typed, self.inv if inv is None else inv, out=typed)
+            np.divide(typed, npdt(self._count(inv)), out=typed)
 
     def finish(self, out: torch.Tensor, average: bool, counts: list | None = None) -> None:
         """Average what was not averaged on arrival (dtypes NumPy cannot scale in place); integers are

@@ -67,6 +67,7 @@ class Engine:
         self.kv = KVClient(self.van, self.member, ident.rank, self.pipeline,
                            (cfg.scheduling_credit or 0) * cfg.partition_bytes)
         self.pipeline.bind(self.kv)
+        self.kv.scheduler_handlers[MsgType.JOINED] = lambda msg: self.joined_ranks.add(int(msg.header.key))
         self._credit_set = False  # a strategy chose the credit: start() keeps it
         self._auto_window: AutoWindow | None = None  # kept while a strategy's own credit is in force
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
@@ -77,6 +78,7 @@ class Engine:
         self.changed_unseen = False  # a RESET happened and no WorkersChanged reached the caller since
         self._join_done = threading.Event()  # join(): set when every worker has joined
         self._join_last = -1
+        self.joined_ranks: set[int] = set()  # ranks in join() now (the scheduler's JOINED), for join()'s error
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
@@ -551,8 +553,9 @@ class Engine:
     def join(self) -> int:
         """Horovod's join(): this worker ran out of data. Until every worker has joined, the servers complete
         the others' rounds without it (it contributes nothing, as if it pushed zeros to a sum); then every
-        worker's rounds start again and all are released with the rank that joined last. Waits as long as the
-        others train, checking that the cluster is alive."""
+        worker's rounds start again and all are released with the rank that joined last. Waits while the
+        others train, checking that the cluster is alive, for PUSHPULL_TIMEOUT at most: then it raises
+        naming the ranks that have not joined (a peer that exits without joining would hold it forever)."""
         if self.local is not None:
             raise PushPullError(f"join() is not available with the local reduce (BYTEPS_LOCAL_SIZE="
                                 f"{self.ident.local_size}): a machine's processes reduce each tensor together; set "
@@ -563,9 +566,15 @@ class Engine:
                 raise PushPullError(f"join(): {self.member.failure}")
             time.sleep(0.005)
         self.member.send(Header(MsgType.JOIN, key=self.rank))
+        deadline = time.monotonic() + self.cfg.timeout
         while not self._join_done.wait(0.25):
             if self.member.failure:
                 raise PushPullError(f"join(): {self.member.failure}")
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.size)) - self.joined_ranks - {self.rank})
+                raise PushPullError(f"join() on rank {self.rank}: rank(s) {missing} had not joined within "
+                                    f"{self.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT); every rank must call join() "
+                                    f"once it runs out of data (joined: {sorted(self.joined_ranks | {self.rank})})")
         return self._join_last
 
     def _reset(self, d: dict) -> None:
@@ -591,6 +600,7 @@ class Engine:
         self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()}, keep_shared)
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
             self.changed_unseen = False
+            self.joined_ranks = set()
             self._join_last = int(d["joined_last"])
             self._join_done.set()
             return

@@ -66,9 +66,11 @@ class Handle:
             raise self.error_type(self.error)
         return self.output
 
-    def wait_alive(self, timeout: float, failure: Callable[[], str | None], op: str = "push_pull"):
+    def wait_alive(self, timeout: float, failure: Callable[[], str | None], op: str = "push_pull",
+                   limit: float | None = None):
         """Wait up to ``timeout`` s, checking ``failure()`` (e.g. a dead cluster) four times a
-        second, so that a waiter learns of a failure at once instead of at the timeout."""
+        second, so that a waiter learns of a failure at once instead of at the timeout. ``limit``: the
+        operation's whole deadline, for the message, when ``timeout`` is what was left of it."""
         deadline = time.monotonic() + timeout
         while not self.done():
             reason = failure()
@@ -77,8 +79,8 @@ class Handle:
             left = deadline - time.monotonic()
             if left <= 0:
                 what = self._describe() if self._describe else "no reply"
-                raise PushPullError(f"{op} of tensor {self.name!r} did not finish within {timeout:.0f}s "
-                                    f"(PUSHPULL_TIMEOUT): {what}")
+                raise PushPullError(f"{op} of tensor {self.name!r} did not finish within "
+                                    f"{timeout if limit is None else limit:.0f}s (PUSHPULL_TIMEOUT): {what}")
             self._wait_done(min(left, 0.25))
         return self.wait(0.0)
 

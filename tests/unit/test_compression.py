@@ -538,3 +538,12 @@ def test_bench_main_json(capsys):
     assert set(rows) == {"onebit", "topk"}
     assert rows["onebit"]["ratio"] > 30 and rows["topk"]["ratio"] > 40
     assert all(r["gbps"] > 0 and r["fraction_of_copy"] > 0 for r in rows.values())
+
+
+def test_onebit_takes_the_sign_as_byteps_does():
+    """BytePS's onebit takes x < 0 as negative: -0.0 (and NaN) decode to +scale, float16 as float32
+    (its test_onebit_3_scalingFalse_float16 counted 55 differing signs with the IEEE sign bit)."""
+    for dtype in (torch.float32, torch.float16):
+        x = torch.tensor([-0.0, 0.0, -1.5, 2.0, float("nan"), -1e-8], dtype=dtype)
+        y = decode_payload(wire(OneBit(scaling=False).compress(x)))
+        assert y.tolist() == [1.0, 1.0, -1.0, 1.0, 1.0, -1.0 if dtype == torch.float32 else 1.0], (dtype, y)

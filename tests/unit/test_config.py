@@ -175,3 +175,23 @@ def test_load_config_applies_the_server_count_to_the_default_key_size():
 def test_a_set_key_size_wins_over_the_server_count():
     cfg = load_config({"DMLC_NUM_SERVER": "8", "BYTEPS_PARTITION_BYTES": "4096000"})
     assert (cfg.partition_bytes, cfg.sources["partition_bytes"]) == (4096000, "BYTEPS_PARTITION_BYTES")
+
+
+def test_partition_bytes_larger_than_a_message_is_capped_with_one_warning(caplog):
+    """BytePS's own tests set BYTEPS_PARTITION_BYTES=2147483647 ('do not partition'): a maximum, so a
+    worker caps it at what a message carries and says so once; scheduler and servers do not look at it."""
+    env = {"BYTEPS_PARTITION_BYTES": "2147483647", "PUSHPULL_MAX_MESSAGE_BYTES": str(8 << 20)}
+    with caplog.at_level("WARNING", logger="pushpull"):
+        first, second = load_config(env), load_config(env)
+    assert first.partition_bytes == second.partition_bytes == (8 << 20) // 2 - 65536
+    warned = [r.getMessage() for r in caplog.records if "BYTEPS_PARTITION_BYTES=2147483647" in r.getMessage()]
+    assert len(warned) == 1 and "PUSHPULL_MAX_MESSAGE_BYTES=8388608" in warned[0], warned
+    for role in ("scheduler", "server"):
+        cfg = load_config({**env, "DMLC_ROLE": role, "BYTEPS_PARTITION_BYTES": str(4 << 20)})
+        assert cfg.partition_bytes == 4 << 20
+
+
+def test_consistency_errors_name_the_variable_not_default():
+    """A setting left at its default is named by its variable (the message used to say 'default=10')."""
+    with pytest.raises(ConfigError, match="PUSHPULL_TRACE_END_STEP=1 is before PUSHPULL_TRACE_START_STEP=10"):
+        load_config({"PUSHPULL_TRACE_END_STEP": "1"})
