@@ -24,10 +24,14 @@ ENV = {"PUSHPULL_TIMEOUT": "60", "OMP_NUM_THREADS": "1", "PUSHPULL_TEST_DEVICE":
 pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
                                 reason="no CUDA device (scripts/gpu-check.sh runs these on a GPU machine)")
 
-PS_CASES = ["push_pull", "inplace_async", "optimizer", "compression", "collectives", "broadcast_state"]
+PS_CASES = ["push_pull", "inplace_async", "optimizer", "ddp", "compression", "collectives", "broadcast_state"]
 # the all-reduce backend reduces through torch.distributed (NCCL for CUDA tensors): the paths that reduce
 ALLREDUCE_CASES = ["push_pull", "inplace_async", "optimizer"]
-SHAPES = {"ps-2w-2s": (2, 2, {}), "allreduce-2w": (2, 1, {"PUSHPULL_BACKEND": "allreduce"})}
+# the local reduce: the two workers of this host sum through shared memory first (PUSHPULL_LOCAL_REDUCE=1)
+LOCAL_REDUCE_CASES = ["push_pull", "optimizer"]
+SHAPES = {"ps-2w-2s": (2, 2, {}), "allreduce-2w": (2, 1, {"PUSHPULL_BACKEND": "allreduce"}),
+          "local-reduce-2w": (2, 1, {"PUSHPULL_LOCAL_REDUCE": "1"})}
+CASES_OF = {"ps-2w-2s": PS_CASES, "allreduce-2w": ALLREDUCE_CASES, "local-reduce-2w": LOCAL_REDUCE_CASES}
 
 
 def launch(workers: int, servers: int, env: dict, cases: list[str]) -> subprocess.CompletedProcess:
@@ -42,8 +46,7 @@ def launch(workers: int, servers: int, env: dict, cases: list[str]) -> subproces
 def shape_runs():
     def launch_shape(shape: str):
         workers, servers, env = SHAPES[shape]
-        cases = ALLREDUCE_CASES if env else PS_CASES
-        return workers, launch(workers, servers, env, cases)
+        return workers, launch(workers, servers, env, CASES_OF[shape])
     return shape_runner(launch_shape)
 
 
@@ -56,4 +59,11 @@ def test_cuda_ps(shape_runs, case):
 @pytest.mark.parametrize("case", ALLREDUCE_CASES)
 def test_cuda_allreduce_backend(shape_runs, case):
     workers, out = shape_runs("allreduce-2w")
+    assert_case(out, case, workers)
+
+
+@pytest.mark.parametrize("case", LOCAL_REDUCE_CASES)
+def test_cuda_local_reduce(shape_runs, case):
+    workers, out = shape_runs("local-reduce-2w")
+    assert out.count("local reduce active") == workers, out[-3000:]  # the shape tests what it says
     assert_case(out, case, workers)

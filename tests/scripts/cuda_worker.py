@@ -124,6 +124,37 @@ def case_optimizer() -> None:
             fail(f"optimizer: parameter {name} off by {(p - q).abs().max().item():.3g}")
 
 
+def case_ddp() -> None:
+    """pushpull's DistributedDataParallel wrapper around a CUDA model equals one process stepping on every
+    rank's batch (averaged gradients), with BatchNorm's buffers taken from rank 0 on the GPU."""
+    r, n = bps.rank(), bps.size()
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(256, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10)).to(DEV)
+    ref = nn.Sequential(nn.Linear(256, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10)).to(DEV)
+    ref.load_state_dict(net.state_dict())
+    net[1].running_mean.fill_(float(r))  # the wrapper must take rank 0's buffers
+    model = bps.DistributedDataParallel(net, name="cuda.ddp")
+    if not torch.equal(net[1].running_mean.cpu(), torch.zeros(64)):
+        fail(f"DistributedDataParallel: BatchNorm buffers not taken from rank 0 ({net[1].running_mean[:3].tolist()})")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    loss = nn.CrossEntropyLoss()
+    ref.eval()  # the reference sees every rank's batch: its BatchNorm must not take batch statistics of them all
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(r, step)
+        model.eval()
+        loss(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(loss(ref(batch(q, step)[0]), batch(q, step)[1]) for q in range(n)) / n).backward()
+        ref_opt.step()
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        check_on_device(f"DDP parameter {name}", p.data, q.data)
+        if not torch.allclose(p, q, rtol=1e-4, atol=1e-5):
+            fail(f"DistributedDataParallel: parameter {name} off by {(p - q).abs().max().item():.3g}")
+
+
 def case_compression() -> None:
     """Each compressor on CUDA gradients: the step runs, parameters stay on the GPU, finite and moving; fp16
     stays within its rounding of the uncompressed step."""
@@ -202,7 +233,7 @@ def case_broadcast_state() -> None:
 
 
 CASES = {"push_pull": case_push_pull, "inplace_async": case_inplace_async, "optimizer": case_optimizer,
-         "compression": case_compression, "collectives": case_collectives, "broadcast_state": case_broadcast_state}
+         "ddp": case_ddp, "compression": case_compression, "collectives": case_collectives, "broadcast_state": case_broadcast_state}
 
 
 def main() -> None:
@@ -212,6 +243,9 @@ def main() -> None:
     torch.set_num_threads(1)
     bps.init()
     cases = list(CASES) if "all" in args.cases else args.cases
+    eng = bps.engine()
+    if eng is not None and getattr(eng, "local", None) is not None:
+        print(f"local reduce active on rank {bps.rank()}", flush=True)
     run_cases(CASES, cases, bps.rank(), bps.size(), bps.shutdown)
 
 
