@@ -776,17 +776,23 @@ def main() -> None:
         if name in NEEDS_PEERS and hvd.engine() is None:
             print(f"CASE {name} skip rank 0 (one worker)", flush=True)
             continue
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - one case's failure is reported and the next runs
-            why = f"{type(e).__name__}: {e}".replace("\n", " | ")
-            print(f"CASE {name} FAIL rank {hvd.rank()}: {why[:600]}", flush=True)
-            traceback.print_exc()
-            continue
-        print(f"CASE {name} ok rank {hvd.rank()} {time.monotonic() - t0:.2f}s", flush=True)
+        run_case(name, fn)
     hvd.shutdown()
     print("ALL-DONE", flush=True)
+
+
+def run_case(name: str, fn) -> None:
+    """Run one case and print ``CASE <name> ok|FAIL rank <r>`` (the tests count these lines); a failure
+    is reported with its traceback and does not stop the next case."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - one case's failure is reported and the next runs
+        why = f"{type(e).__name__}: {e}".replace("\n", " | ")
+        print(f"CASE {name} FAIL rank {hvd.rank()}: {why[:600]}", flush=True)
+        traceback.print_exc()
+        return
+    print(f"CASE {name} ok rank {hvd.rank()} {time.monotonic() - t0:.2f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 
 import torch
 
 import pushpull.torch as hvd
-from coll_worker import CaseFailed, check, data, everyone, raises, reference
+from coll_worker import CaseFailed, check, data, everyone, raises, reference, run_case
 
 MAIN: dict = {}
 DEADLINE: dict = {}
@@ -266,15 +265,7 @@ def main() -> None:
     table = DEADLINE if sys.argv[1:] == ["deadline"] else MAIN
     hvd.init()
     for name, fn in table.items():
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - one case's failure is reported and the next runs
-            why = f"{type(e).__name__}: {e}".replace("\n", " | ")
-            print(f"CASE {name} FAIL rank {hvd.rank()}: {why[:600]}", flush=True)
-            traceback.print_exc()
-            continue
-        print(f"CASE {name} ok rank {hvd.rank()} {time.monotonic() - t0:.2f}s", flush=True)
+        run_case(name, fn)
     hvd.shutdown()
     print("ALL-DONE", flush=True)
 
