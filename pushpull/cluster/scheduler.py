@@ -354,6 +354,9 @@ class Scheduler:
         if node.role != "worker" or node.node_id in self.joined:
             return
         self.joined.add(node.node_id)
+        for w in self.workers.values():
+            if w.finished and w.node_id not in self.joined:
+                self._left_without_join(w, node)
         for s in self._live_servers():
             self._send(s, Header(MsgType.JOINED, key=node.node_id))
         for w in self.workers.values():  # so that a worker's join() can say who it still waits for
@@ -361,6 +364,15 @@ class Scheduler:
         if len(self.joined) == len(self.workers):
             last, self.joined = node.node_id, set()
             self._new_generation("every worker joined", {}, {"joined_last": last})
+
+    def _left_without_join(self, gone: NodeInfo, waiting: NodeInfo) -> None:
+        """``gone`` finished without join() while ``waiting`` is in it: join() returns only once every rank
+        has joined, so ``waiting`` would wait for it until its deadline; tell it now, naming the rank."""
+        rank = next((r for r, w in self.workers.items() if w is gone), "?")
+        self._send(waiting, Header(MsgType.NODE_FAILED),
+                   [encode_json({"who": gone.who, "node": gone.node_id,
+                                 "reason": f"worker rank {rank} finished without calling join(), which every rank "
+                                           f"must call once it runs out of data (Horovod's join)"})])
 
     def _new_generation(self, lost: str, moved: dict[int, int], extra: dict | None = None) -> None:
         """Tell the live servers first and the workers once all servers have acknowledged, so that no
@@ -395,6 +407,10 @@ class Scheduler:
 
     def _finish(self, node: NodeInfo) -> None:
         node.finished = True
+        if node.role == "worker" and node.node_id not in self.joined:
+            for w in self.workers.values():
+                if w.node_id in self.joined:
+                    self._left_without_join(node, w)
         if all(w.finished for w in self.workers.values()):
             self.terminating = True
             log.info("all workers finished; terminating")

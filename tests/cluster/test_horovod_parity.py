@@ -53,3 +53,15 @@ def test_main(workers, name):
 @pytest.mark.parametrize("name", list(parity_worker.DEADLINE))
 def test_deadline(workers, name):
     _assert_case(_job(workers, "deadline"), name, workers)
+
+
+@pytest.mark.parametrize("workers", list(SHAPES))
+def test_join_peer_left_without_join(workers):
+    """A rank that shuts down without join() while the others wait in it: they raise within seconds naming
+    it (PUSHPULL_TIMEOUT is 30 s here), instead of waiting out the deadline."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", str(SHAPES[workers]),
+            "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--", sys.executable, str(WORKER), "leaver"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert out.count("LEFT") == 1, out[-3000:]
+    _assert_case(out, "f3-peer-left", workers - 1)

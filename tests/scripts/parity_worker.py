@@ -7,6 +7,7 @@ Each case prints ``CASE <name> ok`` or ``CASE <name> FAIL <why>`` (tests/scripts
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -260,8 +261,36 @@ def _():
     check("the next unnamed call", got, torch.full((2,), 10.0 * n))
 
 
+def leaver() -> None:
+    """The last rank shuts down without join() while the others wait in it: they must hear of it at once,
+    naming the rank, not after PUSHPULL_TIMEOUT (a Horovod job would hang)."""
+    r, n = hvd.rank(), hvd.size()
+    hvd.barrier()
+    if r == n - 1:
+        time.sleep(1.0)  # the others are in join() by now
+        hvd.shutdown()
+        print("LEFT", flush=True)
+        return
+    t0 = time.monotonic()
+    try:
+        hvd.join()
+    except hvd.PushPullError as e:
+        took, text = time.monotonic() - t0, str(e)
+        if f"worker rank {n - 1} finished without calling join()" in text and took < _timeout() / 2:
+            print(f"CASE f3-peer-left ok rank {r} {took:.2f}s", flush=True)
+        else:
+            print(f"CASE f3-peer-left FAIL rank {r}: after {took:.1f}s: {text}", flush=True)
+    else:
+        print(f"CASE f3-peer-left FAIL rank {r}: join() returned", flush=True)
+    os._exit(0)  # this worker's membership failed: nothing is left to shut down cleanly
+
+
 def main() -> None:
     torch.set_num_threads(1)
+    if sys.argv[1:] == ["leaver"]:
+        hvd.init()
+        leaver()
+        return
     table = DEADLINE if sys.argv[1:] == ["deadline"] else MAIN
     hvd.init()
     for name, fn in table.items():
