@@ -100,34 +100,43 @@ def batch(r: int, step: int):
     return torch.randn(8, 256, generator=g).to(DEV), torch.randint(0, 10, (8,), generator=g).to(DEV)
 
 
+def step_against_reference(model, opt, ref, ref_opt, step: int) -> None:
+    """One step of ``model`` on this rank's batch, and one of ``ref`` on every rank's batch (the average of
+    their losses): what data-parallel training must equal."""
+    r, n = bps.rank(), bps.size()
+    loss = nn.CrossEntropyLoss()
+    opt.zero_grad()
+    x, y = batch(r, step)
+    loss(model(x), y).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    (sum(loss(ref(batch(q, step)[0]), batch(q, step)[1]) for q in range(n)) / n).backward()
+    ref_opt.step()
+
+
+def expect_same_parameters(what: str, named, ref) -> None:
+    for (name, p), q in zip(named, ref.parameters()):
+        check_on_device(f"{what} parameter {name}", p.data, q.data)
+        if not torch.allclose(p, q, rtol=1e-4, atol=1e-5):
+            fail(f"{what}: parameter {name} off by {(p - q).abs().max().item():.3g}")
+
+
 def case_optimizer() -> None:
     """DistributedOptimizer on a CUDA model equals one process stepping on every rank's batch (averaged)."""
-    r, n = bps.rank(), bps.size()
     model, ref = make_model(1), make_model(1)
     opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
-    loss = nn.CrossEntropyLoss()
     for step in range(3):
-        opt.zero_grad()
-        x, y = batch(r, step)
-        loss(model(x), y).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        total = sum(loss(ref(*batch(q, step)[:1]), batch(q, step)[1]) for q in range(n)) / n
-        total.backward()
-        ref_opt.step()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        check_on_device(f"parameter {name}", p.data, q.data)
-        if not torch.allclose(p, q, rtol=1e-4, atol=1e-5):
-            fail(f"optimizer: parameter {name} off by {(p - q).abs().max().item():.3g}")
+        step_against_reference(model, opt, ref, ref_opt, step)
+    expect_same_parameters("optimizer", model.named_parameters(), ref)
 
 
 def case_ddp() -> None:
     """pushpull's DistributedDataParallel wrapper around a CUDA model equals one process stepping on every
     rank's batch (averaged gradients), with BatchNorm's buffers taken from rank 0 on the GPU."""
-    r, n = bps.rank(), bps.size()
+    r = bps.rank()
     torch.manual_seed(3)
     net = nn.Sequential(nn.Linear(256, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10)).to(DEV)
     ref = nn.Sequential(nn.Linear(256, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10)).to(DEV)
@@ -138,26 +147,15 @@ def case_ddp() -> None:
         fail(f"DistributedDataParallel: BatchNorm buffers not taken from rank 0 ({net[1].running_mean[:3].tolist()})")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    loss = nn.CrossEntropyLoss()
     ref.eval()  # the reference sees every rank's batch: its BatchNorm must not take batch statistics of them all
+    model.eval()
     for step in range(3):
-        opt.zero_grad()
-        x, y = batch(r, step)
-        model.eval()
-        loss(model(x), y).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        (sum(loss(ref(batch(q, step)[0]), batch(q, step)[1]) for q in range(n)) / n).backward()
-        ref_opt.step()
-    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
-        check_on_device(f"DDP parameter {name}", p.data, q.data)
-        if not torch.allclose(p, q, rtol=1e-4, atol=1e-5):
-            fail(f"DistributedDataParallel: parameter {name} off by {(p - q).abs().max().item():.3g}")
+        step_against_reference(model, opt, ref, ref_opt, step)
+    expect_same_parameters("DistributedDataParallel", net.named_parameters(), ref)
 
 
 def case_compression() -> None:
-    """Each compressor on CUDA gradients: the step runs, parameters stay on the GPU, finite and moving; fp16
-    stays within its rounding of the uncompressed step."""
+    """Each compressor on CUDA gradients: the step runs, and parameters stay on the GPU, finite and moving."""
     r = bps.rank()
     loss = nn.CrossEntropyLoss()
     for cname, kwargs in COMPRESSIONS.items():
