@@ -46,11 +46,16 @@ def _lane_choice(s: str) -> str:
 LANE_MIN_PARTITION_BYTES = 1 << 20
 
 
+def data_lane_wanted(mode: str, partition_bytes: int) -> bool:
+    """PUSHPULL_DATA_LANE's ``mode`` (auto | 0 | 1) for keys of ``partition_bytes``: lanes or not."""
+    if mode != "auto":
+        return mode == "1"
+    return int(partition_bytes) >= LANE_MIN_PARTITION_BYTES
+
+
 def data_lane_on(cfg) -> bool:
     """Whether a worker carries its pushes and pulls over lanes (PUSHPULL_DATA_LANE, PUSHPULL_DIRECT_LANE)."""
-    if not cfg.direct_lane or cfg.data_lane == "0":
-        return False
-    return cfg.data_lane == "1" or int(cfg.partition_bytes) >= LANE_MIN_PARTITION_BYTES
+    return bool(cfg.direct_lane) and data_lane_wanted(cfg.data_lane, cfg.partition_bytes)
 
 
 def _int_min(lo: int) -> Callable[[str], int]:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pushpull.cli import help_text
-from pushpull.config import DEFAULTS, LANE_MIN_PARTITION_BYTES
+from pushpull.config import DEFAULTS, LANE_MIN_PARTITION_BYTES, data_lane_wanted
 from pushpull.policy.bytescheduler import DEFAULTS as BS_DEFAULTS
 from pushpull.profiles import Profile, ProfileError, load_profile
 from pushpull.sim.config import (ClusterConfig, Compression, CpuCosts, format_bandwidth, format_bytes,
@@ -154,12 +154,9 @@ def _cpu(a) -> CpuCosts | None:
 
 def _data_lane(a) -> bool:
     """--data-lane as PUSHPULL_DATA_LANE decides it for the PS keys simulated (pushpull.config.data_lane_on)."""
-    mode = getattr(a, "data_lane", "auto")
-    if mode != "auto":
-        return mode == "1"
     part = (_wrap(parse_bytes, a.ps_partition_bytes, "--ps-partition-bytes") if getattr(a, "ps_partition_bytes", None)
             else DEFAULTS.partition_bytes)
-    return part >= LANE_MIN_PARTITION_BYTES
+    return data_lane_wanted(getattr(a, "data_lane", "auto"), part)
 
 
 def _compression(a) -> Compression | None:
