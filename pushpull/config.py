@@ -208,7 +208,10 @@ SETTINGS: tuple[Setting, ...] = (
       "the last key of a step each cost k x key / B on every link that no overlap hides (a fill and a drain), "
       "and the step's traffic per link does not grow with k: the keys shrink so that the fill and drain stay "
       "as short as at k = 4 (n = k = 8, 100 Mbit/s, 16 cores: BSP 1.44x the ring with the former default, 1.58x "
-      "with this one; docs/results/byteps_ps_vs_allreduce_n8_16cores.md). Set by hand, it is checked once after "
+      "with this one; docs/results/byteps_ps_vs_allreduce_n8_16cores.md); and, where the servers are on other "
+      "hosts, a DistributedOptimizer or ScheduledOptimizer shrinks it to the model's gradient bytes / (16 x k) "
+      "when that is smaller, at least 1 MiB, for the same fill and drain (64 MB over k = 2 at 1 Gbit/s: 2 MB "
+      "keys 652 ms a step, 4 MB keys 691-699 ms; docs/results/line_rate.md). Set by hand, it is checked once after "
       "the first step: with fewer than 8 keys per server (the step's gradient bytes / (servers x largest key)) "
       "where the default would give more, the worker logs a warning with both counts, because the fill and "
       "the drain, each about servers x key / B, are then about 2 / (keys per server) of the step's transfer "
@@ -222,9 +225,13 @@ SETTINGS: tuple[Setting, ...] = (
       "measured bandwidth-delay product (the smallest round trip of a push, times the delivery rate of the "
       "pushes' acknowledgements over two windows of them, as acknowledgements come in bunches), at least "
       "one partition per server and 2, at most 64: every server's link has work while all workers push the same "
-      "keys at the same time, so rounds complete in priority order instead of when the slowest of many competing "
+      "keys at the same time, so rounds complete in order instead of when the slowest of many competing "
       "TCP flows delivers (docs/results/byteps_ps_vs_allreduce.md); unlimited when every server is on this host "
-      "(CPU-bound)."),
+      "(CPU-bound). The auto window keeps each worker's pushes in the order they became ready, the same on "
+      "every worker; a credit set here, a scheduling strategy's (bytescheduler) and layer-wise updates "
+      "(ScheduledOptimizer) order them by priority, the layers nearest the input first, as BytePS does when "
+      "scheduling is on (a priority order under a pacing window diverged between workers: at 1 Gbit/s rounds "
+      "waited up to 190 ms for the worker that sent a key last; docs/results/line_rate.md)."),
     S("min_compress_bytes", ["BYTEPS_MIN_COMPRESS_BYTES"], 65536, _int_min(0), "integer >= 0",
       "Tensors smaller than this are sent uncompressed."),
     S("keep_freed_buffers", [], True, _bool, "0 | 1",

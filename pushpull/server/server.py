@@ -32,7 +32,7 @@ from pushpull.transport import shm
 from pushpull.transport.lane import lane_key, lane_sealed
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for, is_loopback
-from pushpull.transport.van import Van
+from pushpull.transport.van import BesideLane, Van
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +207,12 @@ class Server:
         header.gen = self.gen
         header.sender = self.node_id
         self.van.send(SOCK, header, list(frames), identity=identity)
+
+    def _ack(self, identity: bytes, h: Header) -> None:
+        """PUSH_ACK: beside the worker's data lane, if it has one (:class:`pushpull.transport.van.BesideLane`)."""
+        if b"." not in identity:
+            identity = BesideLane(identity)
+        self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
 
     def _error(self, identity: bytes, key: int, text: str, req_id: int = 0) -> None:
         self.van.peer_log.warning((identity, "error"), "error to %r: %s", identity, text)
@@ -554,7 +560,7 @@ class Server:
             late = ks.late(h.round, h.sender)
             if late is not None:  # backup workers: its round completed without it; it gets that round's sum
                 if not h.flags & Flags.NO_ACK:
-                    self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+                    self._ack(identity, h)
                 if h.flags & Flags.PULL:
                     ks.pull(h.round, h.sender)
                     self._answer_pull(identity, h.sender, h.req_id, h.key, h.round, ks, late)
@@ -576,7 +582,7 @@ class Server:
             self.trace.push(ks.name, h.key, h.round, h.sender, getattr(msg, "t_arrival", time.perf_counter()),
                             done is not None)
         if not h.flags & Flags.NO_ACK:
-            self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+            self._ack(identity, h)
         if h.flags & Flags.PULL:  # the pull rides on the push (ps-lite's ZPushPull): answered with the round
             self._answer_in(ks, h)
             ks.pull(h.round, h.sender).waiting.append((identity, h.sender, h.req_id))
@@ -641,7 +647,7 @@ class Server:
             data = self._decode_push(msg, ks)
             np.add(ks.store, data, out=ks.store, casting="unsafe")
             if not h.flags & Flags.NO_ACK:
-                self._reply(identity, Header(MsgType.PUSH_ACK, key=h.key, round=h.round, req_id=h.req_id))
+                self._ack(identity, h)
         if h.type == MsgType.PULL or h.flags & Flags.PULL:
             from pushpull.server.reduce import Accumulator
 

@@ -79,6 +79,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         eng = ops.engine()
         if eng is not None:
             eng.set_lr_getter(self._lr_getter)
+            # before the first step partitions anything: keys that fit the model (Engine.fit_default_keys)
+            eng.fit_default_keys(sum(p.numel() * p.element_size() for p in self._names if p.requires_grad))
         # without the model, learn the forward order once from the first backward pass:
         # gradients become ready in roughly reverse forward order
         self._learn_order = model is None

@@ -44,6 +44,15 @@ from pushpull.transport.protocol import (
 
 log = logging.getLogger(__name__)
 
+
+class BesideLane(bytes):
+    """A ROUTER peer's identity for a message that goes over the ROUTER's own connection even where the
+    peer has a data lane (:meth:`Van.bind_lane`): a PUSH_ACK returns the worker's credit, and on the lane
+    it would wait behind the pull answers already queued for that worker, megabytes at 1 Gbit/s, which
+    stalled each worker's window (docs/results/line_rate.md, "Why the PS lost at 1 Gbit/s"). Only for
+    identities with a ZeroMQ connection of their own: a direct call's lane (``w<rank>.l<thread>``) has none."""
+    __slots__ = ()
+
 # pyzmq's constants are enum flags: plain ints keep the per-message checks int operations
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
@@ -343,6 +352,9 @@ class Van:
             lane = self._lanes.get(sid)
             if lane is not None and lane.send(identity, parts):
                 return
+        if identity.__class__ is BesideLane:  # never held in a batch, which may leave on the lane
+            self._send_now(sid, identity, parts)
+            return
         dest = (sid, identity)
         if self.batch_bytes and len(parts) <= 2:
             size = memoryview(parts[1]).nbytes if len(parts) == 2 else 0
@@ -378,9 +390,12 @@ class Van:
             log.error("%s: send on unknown socket %r dropped", self.name, sid)
             return
         if identity is not None:
-            lane = self._lanes.get(sid) if self._lanes else None
-            if lane is not None and lane.send(identity, parts):
-                return
+            if identity.__class__ is BesideLane:
+                identity = bytes(identity)
+            else:
+                lane = self._lanes.get(sid) if self._lanes else None
+                if lane is not None and lane.send(identity, parts):
+                    return
             parts = [identity, *parts]
         elif self._dealer_lanes:
             lane = self._dealer_lanes.get(sid)

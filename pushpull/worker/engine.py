@@ -25,7 +25,9 @@ import zmq
 from pushpull.cluster.address import server_address
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
-from pushpull.config import Config, WorkerIdentity, data_lane_on, max_partition_bytes
+from pushpull.config import (
+    LANE_MIN_PARTITION_BYTES, Config, WorkerIdentity, data_lane_on, max_partition_bytes,
+)
 from pushpull.transport import shm
 from pushpull.transport.protocol import Flags, Header, MsgType, decode_json, encode_json
 from pushpull.transport.memory import keep_freed_buffers
@@ -43,6 +45,7 @@ from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED, D
 from pushpull.worker.window import AutoWindow
 
 log = logging.getLogger(__name__)
+KEYS_PER_SERVER = 16  # a default key is at most the model's gradient bytes / (this x servers): fit_default_keys
 FINISH_AFTER_ERROR_S = 2.0  # how long a worker that raised an error waits for the others at shutdown
 
 
@@ -70,6 +73,7 @@ class Engine:
         self.kv.scheduler_handlers[MsgType.JOINED] = lambda msg: self.joined_ranks.add(int(msg.header.key))
         self._credit_set = False  # a strategy chose the credit: start() keeps it
         self._auto_window: AutoWindow | None = None  # kept while a strategy's own credit is in force
+        self._layerwise = False  # layer-wise updates: the next forward waits for the first layers first
         self.servers_local = True  # every server on this host (loopback): the CPU, not a link, is the limit
         self.server_addrs: dict[str, str] = {}  # socket name -> the address its server is reached at
         self.num_servers = 0
@@ -253,11 +257,44 @@ class Engine:
         one again when a strategy hands the default back, so what it measured is kept)."""
         floor = self.default_credit_bytes()
         self.kv.window = None
+        # BytePS orders by priority only where scheduling was asked for (a credit set by hand); the auto
+        # window only paces, so it keeps each worker's pushes in ready order, the same on every worker
+        self.kv.queue.by_priority = self.cfg.scheduling_credit is not None or self._layerwise
         if self.cfg.scheduling_credit is None and floor > 0:
             if self._auto_window is None or self._auto_window.floor != floor:
                 self._auto_window = AutoWindow(floor, cap=64 * int(self.cfg.partition_bytes))
             self.kv.window = self._auto_window
         self.kv.queue.credit_bytes = self.kv.window.bytes if self.kv.window is not None else floor
+
+    def fit_default_keys(self, grad_bytes: int) -> int | None:
+        """A model's optimizer, before its first step: where BYTEPS_PARTITION_BYTES is unset and the servers
+        are on other hosts, shrink the default key so that each server holds at least
+        :data:`KEYS_PER_SERVER` of the model's ``grad_bytes`` (never below 1 MiB, where the data lanes stop).
+        Why: the step's first key is pulled only after every worker pushed all of it, and its last after
+        everything else, each costing about k x key / B that nothing overlaps; with BytePS's 4 MB keys a
+        64 MB model over 2 servers spends a quarter of its transfer time there (1 Gbit/s, n = k = 2: 2 MB
+        keys 652 ms a step, 4 MB keys 691-699 ms, the bound c + M/B 640 ms; docs/results/line_rate.md).
+        Every worker computes the same size from the same model. Returns the new key size, or None."""
+        if self.cfg.sources.get("partition_bytes", "default") != "default" or not self.num_servers \
+                or self.servers_local:
+            return None
+        want = max(LANE_MIN_PARTITION_BYTES, int(grad_bytes) // (KEYS_PER_SERVER * self.num_servers))
+        want -= want % 64  # whole elements of every dtype
+        if want >= int(self.cfg.partition_bytes):
+            return None
+        self.set_scheduling(partition_bytes=want)
+        log.info("worker %d: %d-byte keys (%d per server for %d gradient bytes; BYTEPS_PARTITION_BYTES unset)",
+                 self.rank, want, KEYS_PER_SERVER, grad_bytes)
+        return want
+
+    def use_priority_order(self) -> None:
+        """Layer-wise updates (ScheduledOptimizer): the next forward waits for the layers nearest the input
+        first, so the queue orders by priority even under the auto window, which otherwise keeps ready order."""
+        self._layerwise = True
+
+        def apply() -> None:
+            self.kv.queue.by_priority = True
+        self.van.call_soon(apply)
 
     def set_scheduling(self, partition_bytes: int | None = None, credit_bytes: int | None = None) -> None:
         """Change partition size (tensors first used after this call keep it) and
@@ -281,6 +318,7 @@ class Engine:
                     self._use_default_credit()
                 else:
                     self.kv.window = None
+                    self.kv.queue.by_priority = True  # a scheduling strategy's credit: ByteScheduler's order
                     self.kv.queue.credit_bytes = int(credit_bytes)
                 self.kv.admit()
             self.van.call_soon(apply)

@@ -243,3 +243,54 @@ def test_a_worker_reaches_a_colocated_server_over_its_abstract_socket_only_when_
         assert server_address(book, False) == "tcp://10.1.2.3:4242"  # PUSHPULL_LOCAL_IPC=0
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "plain"])
+def test_a_push_ack_goes_beside_the_lane_and_the_pull_answer_on_it(sealed):
+    """A PUSH_ACK returns credit: sent to BesideLane(identity) it takes the ROUTER's own connection, so it
+    never queues behind pull answers on the worker's data lane; the answer itself stays on the lane."""
+    from pushpull.transport.van import BesideLane
+
+    van = Van("beside-test")
+    acks_sent = []
+
+    def handle(identity, msg):
+        h = msg.header
+        if h.type == MsgType.PUSH:
+            before = van._zmq_ops
+            van.send("r", Header(MsgType.PUSH_ACK, key=h.key, round=h.round), identity=BesideLane(identity))
+            acks_sent.append(van._zmq_ops - before)  # sent on the I/O thread: at once, through ZeroMQ
+            before = van._zmq_ops
+            van.send("r", Header(MsgType.PULL_RESP, key=h.key, round=h.round), [msg.body_view()], identity=identity)
+            acks_sent.append(van._zmq_ops - before)
+
+    van.bind_router("r", "127.0.0.1", 0, handle)
+    address = van.bind_lane("r", "127.0.0.1", KEY, max_message_bytes=64 << 20, sealed=sealed)
+    van.start()
+    worker = Van("beside-test-worker")
+    got: list = []
+    done = threading.Event()
+
+    def on_answer(msg):
+        got.append((msg.header.type, msg.header.round))
+        if len(got) == 4:
+            done.set()
+
+    port = van._sockets["r"].getsockopt_string(__import__("zmq").LAST_ENDPOINT).rsplit(":", 1)[1]
+    worker.connect_dealer("s0", f"tcp://127.0.0.1:{port}", b"w0", on_answer)
+    worker.adopt_lane("s0", LaneClient(address, b"w0", KEY, 5, sealed=sealed).detach())
+    worker.start()
+    try:
+        time.sleep(0.2)  # the DEALER's handshake: the ROUTER learns its identity
+        for rnd in range(2):
+            worker.send("s0", _push(rnd=rnd, nbytes=2 << 20), [bytes(2 << 20)])
+        assert done.wait(10), got
+        assert sorted(got) == sorted([(MsgType.PULL_RESP, 0), (MsgType.PULL_RESP, 1), (MsgType.PUSH_ACK, 0),
+                                      (MsgType.PUSH_ACK, 1)])
+        deadline = time.monotonic() + 5
+        while len(acks_sent) < 4 and time.monotonic() < deadline:  # the handler counts after its last send
+            time.sleep(0.01)
+        assert acks_sent == [1, 0, 1, 0]  # each ack one ZeroMQ send, each answer none (the lane)
+    finally:
+        worker.stop()
+        van.stop()

@@ -152,3 +152,44 @@ def test_auto_window_is_capped_and_forgets_old_samples():
             clock.t += 0.05
             w.on_ack(100_000, 0.050)
     assert abs(w.bytes - 200_000) <= 1  # 2 x 2 MB/s x 50 ms
+
+
+def test_ready_order_admits_in_arrival_order_whatever_the_priority():
+    """by_priority=False (the engine's auto window, which only paces): a worker's pushes leave in the order
+    they became ready, the same on every worker, however its credit happens to free up."""
+    q = CreditQueue(credit_bytes=2 * PART, by_priority=False)
+    started: list = []
+    for part in range(4):
+        q.push(("late_layer", part), PART, priority=-9, part=part)
+    drain(q, started)
+    q.push(("input_layer", 0), PART, priority=0, part=0)
+    q.push(("input_layer", 1), PART, priority=0, part=1)
+    while len(q):
+        q.release(PART)
+        drain(q, started)
+    assert started == [("late_layer", p) for p in range(4)] + [("input_layer", 0), ("input_layer", 1)]
+
+
+def _engine_queue_order(scheduling_credit, layerwise=False):
+    """Engine._use_default_credit on an engine with its servers on other hosts, without sockets."""
+    from types import SimpleNamespace
+
+    from pushpull.config import load_config
+    from pushpull.worker.engine import Engine
+
+    eng = Engine.__new__(Engine)
+    eng.cfg = load_config({} if scheduling_credit is None else {"BYTEPS_SCHEDULING_CREDIT": scheduling_credit})
+    eng.servers_local, eng.num_servers = False, 2
+    eng._auto_window, eng._layerwise = None, layerwise
+    eng.kv = SimpleNamespace(queue=CreditQueue(0), window=None)
+    eng._use_default_credit()
+    return eng.kv.queue.by_priority
+
+
+@pytest.mark.parametrize("credit, layerwise, by_priority", [
+    (None, False, False),   # the auto window only paces: ready order
+    ("4", False, True),     # a credit set by hand is scheduling, as in BytePS: priority order
+    (None, True, True),     # layer-wise updates: the next forward wants the first layers first
+], ids=["auto-window", "hand-set-credit", "layer-wise"])
+def test_the_engine_orders_by_priority_only_where_scheduling_was_asked_for(credit, layerwise, by_priority):
+    assert _engine_queue_order(credit, layerwise) is by_priority

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from pushpull.config import default_partition_bytes
 from pushpull.worker.keycheck import MIN_KEYS_PER_SERVER, few_keys_warning, keys_per_server
 
@@ -57,3 +59,36 @@ def test_engine_warns_once_from_its_gradients(caplog):
         assert Engine.check_keys(eng) is None
     assert "1.0 keys per server" in first and "4096000" in first
     assert sum("keys per server" in r.getMessage() for r in caplog.records) == 1
+
+
+def _fitted(grad_bytes, env=None, servers=2, local=False):
+    """Engine.fit_default_keys on an engine without sockets: the key size after it, and what it returned."""
+    from types import SimpleNamespace
+
+    from pushpull.config import load_config
+    from pushpull.worker.engine import Engine
+
+    eng = Engine.__new__(Engine)
+    eng.cfg = load_config(env or {"DMLC_NUM_SERVER": str(servers)})
+    eng.num_servers, eng.servers_local, eng.started = servers, local, False
+    eng.kv = SimpleNamespace(rank=0)
+    got = eng.fit_default_keys(grad_bytes)
+    return eng.cfg.partition_bytes, got
+
+
+@pytest.mark.parametrize("grad_bytes, servers, key", [
+    (64_000_000, 2, 2_000_000),       # 16 keys per server where the 4 MB default gives 8
+    (8_000_000, 2, 1 << 20),          # never below 1 MiB (the data lanes' threshold)
+    (1_000_000_000, 2, 4_096_000),    # a large model keeps BytePS's key
+], ids=["64MB-k2", "8MB-k2-floor", "1GB-k2-unchanged"])
+def test_the_default_key_fits_the_model(grad_bytes, servers, key):
+    assert _fitted(grad_bytes, servers=servers)[0] == key
+
+
+def test_a_hand_set_key_is_never_refitted():
+    env = {"DMLC_NUM_SERVER": "2", "BYTEPS_PARTITION_BYTES": "4096000"}
+    assert _fitted(64_000_000, env=env) == (4_096_000, None)
+
+
+def test_servers_on_this_host_keep_the_default_key():
+    assert _fitted(64_000_000, local=True) == (4_096_000, None)
