@@ -256,7 +256,10 @@ def expand(cfg: dict) -> list[dict]:
                      # PS keys: the default key size at k servers x the size scale (BYTEPS_PARTITION_BYTES)
                      "ps_partition_bytes": (scaled_ps_partition_bytes(size_scale, k) if psp in (None, "default")
                                             else default_partition_bytes(k) if psp == "engine"
-                                            else units.size_bytes(psp, "ps_partition_bytes"))})
+                                            else units.size_bytes(psp, "ps_partition_bytes")),
+                     # "engine": BYTEPS_PARTITION_BYTES stays unset, so the optimizer may fit the key to the
+                     # model (Engine.fit_default_keys); the row records the key the engine ran with
+                     "ps_partition_engine": psp == "engine"})
     return jobs
 
 
@@ -646,6 +649,8 @@ def _rows_for(job: dict, res: dict, cfg: dict, mode: str, wall: float) -> list[d
         from pushpull.profiles import load_profile
 
         row["compute_s"] = load_profile(job["model"]).compute_s * job["compute_scale"]
+        if job.get("ps_partition_engine") and job["backend"] == "ps" and row["engine_partition_bytes"]:
+            row["ps_partition_bytes"] = row["engine_partition_bytes"]
         rows.append(row)
     return rows
 
@@ -692,8 +697,9 @@ def run_grid(cfg: dict, out: Path, loopback: bool = False, log_dir: str | None =
                         argv = [sys.executable, "-m", "pushpull.bench.grid", "--child", json.dumps(spec),
                                 "--result", res_path]
                         env = {"PUSHPULL_BACKEND": job["backend"], "PUSHPULL_AUTH": job["auth"],
-                               "BYTEPS_PARTITION_BYTES": str(job["ps_partition_bytes"]),
                                "PUSHPULL_LOCAL_REDUCE": job["local_reduce"]}
+                        if not job.get("ps_partition_engine"):
+                            env["BYTEPS_PARTITION_BYTES"] = str(job["ps_partition_bytes"])
                         if cluster.emulated:
                             env["GLOO_SOCKET_IFNAME"] = cluster.iface
                         started += 1  # a failed job runs no cell: number the logs by jobs, not cells

@@ -48,6 +48,12 @@ log = logging.getLogger("pushpull.auto")
 PLANNED = ("fusion", "mgwfbp")
 
 
+
+def _engine_partition_bytes() -> int:
+    """The key size the PS engine partitions with (an optimizer may have fitted it to the model)."""
+    eng = ops.engine()
+    return int(eng.cfg.partition_bytes if eng is not None else ops.config().partition_bytes)
+
 class _Renamed(Comm):
     """Another comm's reductions under suffixed names: a PS key keeps the partitioning of its first use,
     so a delegate with its own partition size needs its own keys (as the auto-tuner's ``@p`` suffix)."""
@@ -164,7 +170,7 @@ class Auto(Strategy):
         comm, opts = self._comm(c["backend"]), {}
         if c["strategy"] == "bytescheduler":
             opts = {"partition_bytes": key[2], "credit": key[3]}
-            if c["backend"] == "ps" and key[2] != ops.config().partition_bytes:
+            if c["backend"] == "ps" and key[2] != _engine_partition_bytes():
                 comm = _Renamed(comm, f"@p{key[2]}")
         if c["strategy"] == "mgwfbp":
             opts = {"alpha": float(c.get("alpha", 0.0)), "beta": float(c.get("beta", 0.0))}
@@ -310,7 +316,7 @@ class Auto(Strategy):
             log.warning("auto: PUSHPULL_HOST_PROBE=%s not used: %s", cfg.host_probe, e)
             cpu = None
         clusters = {b: auto_plan.fit_cluster(b, workers, servers, colocated=coloc,
-                                             ps_partition_bytes=cfg.partition_bytes, cpu=cpu, **links[b])
+                                             ps_partition_bytes=_engine_partition_bytes(), cpu=cpu, **links[b])
                     for b in self.backends}
         cands = auto_plan.rank_candidates(prof, clusters, self._layerwise, cfg.fusion_threshold_bytes,
                                           cfg.fusion_cycle_ms / 1e3)

@@ -84,8 +84,8 @@ class PSComm(Comm):
         bandwidth-delay product)."""
         cfg = ops.config()
         eng = ops.engine()
-        if eng is not None:
-            return cfg.partition_bytes, eng.default_credit_bytes(cfg.partition_bytes)
+        if eng is not None:  # the engine's own: an optimizer may have fitted the key to the model
+            return eng.cfg.partition_bytes, eng.default_credit_bytes(eng.cfg.partition_bytes)
         return cfg.partition_bytes, (cfg.scheduling_credit or 0) * cfg.partition_bytes
 
 
