@@ -9,9 +9,8 @@ comes back with the push acknowledgement.
 """
 from __future__ import annotations
 
-import math
 
-from pushpull.policy.base import Policy
+from pushpull.policy.base import Policy, key_sizes
 
 DEFAULTS = {  # backend -> (partition bytes, credit bytes)
     "ps": (4_000_000, 16_000_000),
@@ -20,9 +19,8 @@ DEFAULTS = {  # backend -> (partition bytes, credit bytes)
 
 
 def partitions(nbytes: int, partition_bytes: int) -> list[int]:
-    """The sizes of the partitions a tensor of ``nbytes`` is cut into (at least one)."""
-    n = max(1, math.ceil(nbytes / partition_bytes))
-    return [min(partition_bytes, nbytes - j * partition_bytes) for j in range(n)]
+    """The sizes of the partitions a tensor of ``nbytes`` is cut into (at least one; :func:`key_sizes`)."""
+    return key_sizes(nbytes, partition_bytes) or [nbytes]
 
 
 class ByteScheduler(Policy):

@@ -33,11 +33,11 @@ takes one per-message CPU stage and one ring reduction of its bytes.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pushpull.policy.base import key_sizes
 from pushpull.policy.collective_fusion import fuse_groups
 from pushpull.profiles import LayerProfile, Profile
 from pushpull.sim.config import ClusterConfig, Compression, SimOptions
@@ -326,12 +326,10 @@ class CommPhase:
             self._dispatch()
             return
         cl = self.cluster
-        part = self.strategy.ps_key_bytes(cl)
-        npieces = max(1, math.ceil(st.raw / part))
-        st.pieces_left = npieces
-        st.acks_left = npieces
-        for j in range(npieces):
-            raw = min(part, st.raw - j * part)
+        sizes = key_sizes(st.raw, self.strategy.ps_key_bytes(cl)) or [st.raw]
+        st.pieces_left = len(sizes)
+        st.acks_left = len(sizes)
+        for raw in sizes:
             frac = raw / st.raw
             # balanced by bytes: the least-loaded server takes the piece
             s = min(range(cl.servers), key=lambda i: (self.server_load[i], i))

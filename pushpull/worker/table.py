@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from pushpull import dtypes
+from pushpull.config import max_partition_bytes
+from pushpull.policy.base import key_sizes
 from pushpull.transport.protocol import dtype_code
 from pushpull.worker.handle import Handle
 
@@ -183,8 +185,10 @@ class TensorTable:
             return e
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-        pbytes = max(itemsize, cfg.partition_bytes // itemsize * itemsize)
-        parts = [Partition(i, off, min(pbytes, nbytes - off)) for i, off in enumerate(range(0, nbytes, pbytes))]
+        parts, off = [], 0
+        for i, size in enumerate(key_sizes(nbytes, cfg.partition_bytes, itemsize, max_partition_bytes(cfg))):
+            parts.append(Partition(i, off, size))
+            off += size
         if compression:
             from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
 

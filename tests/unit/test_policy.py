@@ -88,3 +88,18 @@ def test_the_runtime_executor_fuses_by_the_plan_and_writes_back(pairs, single_pr
     drive(st, 2, mixed_dtypes=False)
     # planned, both steps: two pairs and the odd one alone
     assert comm.sent == ["pairs[g4+1]", "pairs[g2+1]", "g0"] * 2
+
+
+@pytest.mark.parametrize("nbytes, key, itemsize, cap, sizes", [
+    (4 << 20, 4_096_000, 4, None, [4 << 20]),                     # a 96 KiB tail joins the key before it
+    (4_096_000 + 600_000, 4_096_000, 4, None, [4_096_000, 600_000]),  # over 1/8 of a key: a key of its own
+    (4 << 20, 4_096_000, 4, 4_100_000, [4_096_000, 98_304]),      # never over the message cap
+    (40, 8, 4, None, [8, 8, 8, 8, 8]),                            # exact multiples: nothing to fold
+    (10, 4, 2, None, [4, 4, 2]),                                  # whole elements (2 bytes: a 2-byte dtype)
+    (0, 8, 4, None, []),                                          # an empty tensor has no keys
+], ids=["tail-folded", "tail-kept", "cap", "multiple", "small", "empty"])
+def test_key_sizes(nbytes, key, itemsize, cap, sizes):
+    from pushpull.policy.base import key_sizes
+
+    got = key_sizes(nbytes, key, itemsize, cap)
+    assert got == sizes and sum(got) == nbytes

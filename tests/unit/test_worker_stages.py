@@ -62,7 +62,7 @@ class Harness:
         self.pipeline = Pipeline(self.table, Averager(size), self.stats, on_reset=self.resets.append)
         self.kv = KVClient(self.van, MemoryMember(self.van), 0, self.pipeline, credit_bytes)
         self.pipeline.bind(self.kv)
-        self.cfg = SimpleNamespace(partition_bytes=partition_bytes, min_compress_bytes=0)
+        self.cfg = SimpleNamespace(partition_bytes=partition_bytes, min_compress_bytes=0, max_message_bytes=64 << 20)
         self.combine = combine
         self.held: list = []
 
