@@ -555,6 +555,9 @@ def child_main(spec: dict, out: str) -> int:
     # each host's link bytes per timed step, per strategy: its first local process reads the interface
     iface = bps.config().interface if bps.local_rank() == 0 else None  # PUSHPULL_INTERFACE / DMLC_INTERFACE
     link = {n: [0, 0, 0] for n in runs}  # received, sent, steps
+    # (partition, credit) per strategy after its first block: the runs share one engine, and a strategy
+    # that changes the key size (auto) would otherwise be reported for those that ran before it
+    first_sched: dict[str, list] = {}
     for rnd in range(spec["tries"]):
         for name, (model, opt, _, lw) in runs.items():
             bps.barrier()
@@ -577,6 +580,9 @@ def child_main(spec: dict, out: str) -> int:
                 link[name] = [link[name][0] + c1[0] - c0[0], link[name][1] + c1[1] - c0[1],
                               link[name][2] + spec["steps"]]
             times[name].append(block)
+            strat = runs[name][2]
+            if rnd == 0 and strat is not None:  # what its tensors were cut with, before the next one runs
+                first_sched[name] = list(strat.scheduling())
     # every host's figures to rank 0 (a sum in which each host's first process fills its row)
     hosts = bps.size() // bps.local_size()
     names = list(runs)
@@ -592,7 +598,8 @@ def child_main(spec: dict, out: str) -> int:
     data_lanes = sorted(set(getattr(eng, "data_lanes", {}).values())) if eng is not None else []
     plans = {}
     # the (partition, credit) bytes each strategy ran with: the defaults unless the variant set them
-    scheduling = {name: list(st.scheduling()) if st is not None else [None, None]
+    scheduling = {name: (list(st.scheduling()) if not policy.get(runs_spec[name]["base"]).fixed
+                         else first_sched.get(name) or list(st.scheduling())) if st is not None else [None, None]
                   for name, (_, _, st, _) in runs.items()}
     for name, (_, _, st, _) in runs.items():
         try:
