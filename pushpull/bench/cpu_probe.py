@@ -219,15 +219,21 @@ def describe(cpu: dict) -> list[str]:
     return lines
 
 
-def roles(cpu: dict, workers: int, servers: int, encryption: str = "auto") -> list[str]:
-    """What the primitives mean per role (CPU-s per GB of gradient), for the printout."""
+def roles(cpu: dict, workers: int, servers: int, encryption: str = "auto", data_lane: bool | None = None) -> list[str]:
+    """What the primitives mean per role (CPU-s per GB of gradient), for the printout. ``data_lane``: the
+    PS's data goes on lanes (plain sockets; AES-GCM where ``auto`` encrypts); None: as this process's
+    settings give (PUSHPULL_DATA_LANE, by default lanes for keys of 1 MiB and more)."""
+    from pushpull.config import data_lane_on, load_config
     from pushpull.sim.config import CpuCosts
 
-    c = CpuCosts.from_probe(cpu, encryption=encryption)
+    if data_lane is None:
+        data_lane = data_lane_on(load_config())
+    c = CpuCosts.from_probe(cpu, encryption=encryption, data_lane=data_lane)
     n, k = workers, servers
     ring = c.ring_cpu_s(n, 1e9)
     ps_total = n * (c.worker_push + c.worker_pull + c.server_push + c.server_pull) * 1e9
-    return [f"  per role ({encryption} encryption on the PS): PS worker push {c.worker_push * 1e9:.2f} + pull "
+    path = "data lanes" if data_lane else "ZeroMQ"
+    return [f"  per role ({encryption} encryption on the PS, over {path}): PS worker push {c.worker_push * 1e9:.2f} + pull "
             f"{c.worker_pull * 1e9:.2f}; PS server per worker's push {c.server_push * 1e9:.2f} + pull answer "
             f"{c.server_pull * 1e9:.2f}; ring rank {ring:.2f} per GB all-reduced (n={n})",
             f"  all processes together, per GB of gradient: PS {ps_total:.2f} CPU-s (n={n}, k={k}), ring "

@@ -163,3 +163,17 @@ def test_auto_plan_without_a_host_probe_charges_nothing(tmp_path):
     f.write_text(json.dumps(OLD_ROW) + "\n")
     assert auto_plan.host_cpu(None) is None
     assert auto_plan.host_cpu(str(f)) is None
+
+
+def test_the_probe_printout_charges_what_the_data_path_is():
+    """pushpull bench probe's per-role lines: over the data lanes (the default for keys >= 1 MiB) a PS byte
+    costs a socket's send plus AES-GCM, not ZeroMQ plus CURVE."""
+    from pushpull.bench.cpu_probe import roles
+
+    row = {"cpu_tcp_send": 0.2e-9, "cpu_tcp_recv": 0.1e-9, "cpu_zmq_send": 0.5e-9, "cpu_zmq_recv": 0.2e-9,
+           "cpu_curve_send": 0.65e-9, "cpu_curve_recv": 0.48e-9, "cpu_aesgcm_encrypt": 0.08e-9,
+           "cpu_aesgcm_decrypt": 0.08e-9, "cpu_sum": 0.05e-9}
+    lanes = roles(row, 4, 2, data_lane=True)[0]
+    zmq = roles(row, 4, 2, data_lane=False)[0]
+    assert "over data lanes" in lanes and "PS worker push 0.28 " in lanes   # 0.2 socket + 0.08 AES-GCM
+    assert "over ZeroMQ" in zmq and "PS worker push 1.15 " in zmq           # 0.5 ZeroMQ + 0.65 CURVE
