@@ -60,6 +60,7 @@ import atexit
 import datetime
 import hashlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -454,6 +455,14 @@ def process_group_backend(cuda: bool, local_size: int = 1, gpus: int = 1) -> str
     return "cpu:gloo,cuda:nccl"
 
 
+def use_job_interface(interface: str | None, environ) -> None:
+    """Where the job names its interface (DMLC_INTERFACE) and GLOO_SOCKET_IFNAME is unset, gloo uses it too:
+    otherwise gloo takes the address the host name resolves to (often 127.0.x.1), which a peer on another
+    host cannot reach (seen on the emulated cluster: 'Connection refused, remote=[127.0.0...')."""
+    if interface and not environ.get("GLOO_SOCKET_IFNAME"):
+        environ["GLOO_SOCKET_IFNAME"] = interface
+
+
 def _create() -> AllReducer:
     from pushpull.torch import ops
 
@@ -467,6 +476,7 @@ def _create() -> AllReducer:
         port = cfg.allreduce_port or cfg.root_port + 2
         cuda = torch.cuda.is_available()
         backend = process_group_backend(cuda, ops.local_size(), torch.cuda.device_count() if cuda else 0)
+        use_job_interface(cfg.interface, os.environ)
         try:
             dist.init_process_group(backend, init_method=f"tcp://{cfg.root_uri}:{port}", rank=rank,
                                     world_size=size, timeout=timeout)
