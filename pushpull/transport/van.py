@@ -352,9 +352,12 @@ class Van:
             lane = self._lanes.get(sid)
             if lane is not None and lane.send(identity, parts):
                 return
-        if identity.__class__ is BesideLane:  # never held in a batch, which may leave on the lane
-            self._send_now(sid, identity, parts)
-            return
+        if identity.__class__ is BesideLane:
+            lane = self._lanes.get(sid) if self._lanes else None
+            if lane is not None and identity in lane.by_identity:  # not in a batch, which may leave on the lane
+                self._send_now(sid, identity, parts)
+                return
+            identity = bytes(identity)  # no lane: batched as any small message to that peer
         dest = (sid, identity)
         if self.batch_bytes and len(parts) <= 2:
             size = memoryview(parts[1]).nbytes if len(parts) == 2 else 0
