@@ -80,7 +80,7 @@ class _Layerwise:
             self.strategy = strategy if strategy is not None and not isinstance(strategy, str) else \
                 make_strategy(strategy or ops.config().strategy, compression=spec, **options)
             eng = ops.engine()
-            if eng is not None and hasattr(eng, "use_priority_order"):
+            if eng is not None:
                 eng.use_priority_order()  # the point of layer-wise updates: early layers' pulls first
                 eng.fit_default_keys(sum(p.numel() * p.element_size() for p in self.params if p.requires_grad))
 
