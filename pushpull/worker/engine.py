@@ -282,8 +282,8 @@ class Engine:
         want -= want % 64  # whole elements of every dtype
         if want >= int(self.cfg.partition_bytes):
             return None
-        # the auto window keeps the floor it has, counted in keys of the unfitted size: with its floor in the
-        # fitted keys (half as many bytes in flight) the same cell took 704-716 ms instead of 633-648
+        # the auto window keeps the floor it has, counted in keys of the unfitted size (every figure in
+        # docs/results/line_rate.md was measured so; a floor in fitted keys was not better within the noise)
         self.set_scheduling(partition_bytes=want)
         log.info("worker %d: %d-byte keys (%d per server for %d gradient bytes; BYTEPS_PARTITION_BYTES unset)",
                  self.rank, want, KEYS_PER_SERVER, grad_bytes)
