@@ -168,16 +168,26 @@ def case_overlap() -> None:
     ga = bps.synchronize(ha)
     expect_equal("ov.a", ga, torch.ones(200_000) * sum(k + 1 for k in range(n)))
     expect_equal("ov.b", gb, torch.ones(100) * sum(k + 2 for k in range(n)))
-    # a second concurrent op with the same name is refused
-    h = bps.push_pull_async(a, name="ov.same")
-    try:
-        bps.push_pull_async(a, name="ov.same")
-    except ValueError as e:
-        if "ov.same" not in str(e):
-            fail(f"error does not name the tensor: {e}")
-    else:
-        fail("a second concurrent push_pull with the same name was accepted")
-    bps.synchronize(h)
+    # a second concurrent op with the same name is refused. Each rank in turn checks while the others hold
+    # their push back until a barrier it enters after the check, so its op is surely still in flight (the
+    # others' pushes were what it waited for; on a loaded machine a rank could otherwise lose the core
+    # between its two calls while its first op completed)
+    for k in range(n):
+        name = f"ov.same.{k}"
+        if r == k:
+            h = bps.push_pull_async(a, name=name)
+            try:
+                bps.push_pull_async(a, name=name)
+            except ValueError as e:
+                if name not in str(e):
+                    fail(f"error does not name the tensor: {e}")
+            else:
+                fail("a second concurrent push_pull with the same name was accepted")
+            bps.barrier()
+        else:
+            bps.barrier()
+            h = bps.push_pull_async(a, name=name)
+        bps.synchronize(h)
 
 
 def case_mismatch() -> None:
