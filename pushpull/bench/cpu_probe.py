@@ -52,7 +52,7 @@ def _tcp_receiver(port_q, out_q, nbytes: int) -> None:
     view = memoryview(buf)
     got = 0
     c0 = None
-    while got < nbytes:
+    while True:  # to the sender's end of stream: closing with bytes unread would reset its last sendall
         n = conn.recv_into(view)
         if n == 0:
             break
@@ -99,6 +99,7 @@ def _pair(kind: str, nbytes: int) -> tuple[float, float]:
         for _ in range(nbytes // BLOCK):
             c.sendall(payload)
         send = _cpu() - c0
+        c.shutdown(socket.SHUT_WR)          # the receiver reads to here
         recv, got = out_q.get(timeout=120)
         c.close()
         sent = nbytes
