@@ -42,7 +42,7 @@ def _cpu() -> float:
 
 # -- the receiving side, in a child process -------------------------------------------------------
 
-def _tcp_receiver(port_q, out_q, nbytes: int) -> None:
+def _tcp_receiver(port_q, out_q) -> None:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -90,7 +90,7 @@ def _pair(kind: str, nbytes: int) -> tuple[float, float]:
     port_q, out_q = ctx.Queue(), ctx.Queue()
     payload = bytes(BLOCK)
     if kind == "tcp":
-        p = ctx.Process(target=_tcp_receiver, args=(port_q, out_q, nbytes), daemon=True)
+        p = ctx.Process(target=_tcp_receiver, args=(port_q, out_q), daemon=True)
         p.start()
         port = port_q.get(timeout=30)
         c = socket.create_connection(("127.0.0.1", port))
