@@ -27,6 +27,23 @@ def test_measured_profile_keeps_ready_times_and_sizes():
     assert prof.fwd_s == pytest.approx(0.015) and prof.nbytes == 2400
 
 
+def test_runner_up_is_the_best_of_the_other_backend():
+    cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
+             {"backend": "ps", "strategy": "fusion", "predicted_s": 1.01},
+             {"backend": "allreduce", "strategy": "mgwfbp", "predicted_s": 1.2},
+             {"backend": "allreduce", "strategy": "fusion", "predicted_s": 1.3}]
+    best, runner = auto_plan.choose(cands)
+    assert best is cands[0] and runner is cands[2]
+
+
+def test_runner_up_on_one_backend_differs_in_strategy():
+    cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
+             {"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.01},
+             {"backend": "ps", "strategy": "wfbp", "predicted_s": 1.2}]
+    best, runner = auto_plan.choose(cands)
+    assert best is cands[0] and runner is cands[2]
+
+
 def test_runner_up_differs_in_backend_or_strategy():
     cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
              {"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.01},
@@ -88,11 +105,28 @@ def test_failed_confirmation_falls_back_to_the_runner_up(single_process):
 
 
 def test_confirmed_choice_is_kept(single_process):
-    st, comms = scripted(confirm_s=0.5, runner_s=0.1, candidates=["ps:wfbp", "allreduce:fusion"])
+    st, comms = scripted(confirm_s=0.5, runner_s=0.1, candidates=["ps:wfbp", "ps:bsp"])
     run_steps(st, 3 + 3 + 2)
     d = st.decision
+    assert (d["runner_up"]["backend"], d["runner_up"]["strategy"]) == ("ps", "bsp")
     assert d["kept"] == "choice" and "runner_up" not in d["measured"]
-    assert st.current.comm is comms["ps"] and not any("fusion" in n for n in comms["allreduce"].sent)
+    assert st.current.comm is comms["ps"] and st.current.name == "wfbp" and not comms["allreduce"].sent
+
+
+def test_other_backend_is_measured_even_when_the_choice_is_confirmed(single_process):
+    st, comms = scripted(confirm_s=0.5, runner_s=0.1, candidates=["ps:wfbp", "allreduce:fusion"])
+    run_steps(st, 3 + 3 + 3 + 2)   # measure, confirm (as predicted), the other backend (faster), final
+    d = st.decision
+    assert d["kept"] == "runner_up" and d["measured"] == {"choice": 0.5, "runner_up": 0.1}
+    assert st.current.comm is comms["allreduce"] and st.current.name == "fusion"
+
+
+def test_other_backend_measured_slower_keeps_the_choice(single_process):
+    st, comms = scripted(confirm_s=0.5, runner_s=0.9, candidates=["ps:wfbp", "allreduce:fusion"])
+    run_steps(st, 3 + 3 + 3 + 2)
+    d = st.decision
+    assert d["kept"] == "choice" and d["measured"] == {"choice": 0.5, "runner_up": 0.9}
+    assert st.current.comm is comms["ps"] and st.current.name == "wfbp"
 
 
 def test_compression_keeps_auto_on_the_parameter_servers(single_process):

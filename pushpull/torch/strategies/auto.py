@@ -12,14 +12,17 @@ user may not have; the job itself can measure both in a few steps.
    element, a stream of 16 small ones (:meth:`Auto.probe`).
 2. **Decide** (rank 0): a Profile and one ClusterConfig per backend fitted to
    the probes (:mod:`.auto_plan`), the planner over strategies, partitions and
-   credits, the fastest candidate and the runner-up (best of another backend or
-   strategy). The choice goes to every rank as numbers (a broadcast, as the
+   credits, the fastest candidate and the runner-up (best of the other backend, or of
+   another strategy). The choice goes to every rank as numbers (a broadcast, as the
    planned strategies agree on their plans), so every rank switches at the same
    step to the same thing; fusion and MG-WFBP get rank 0's measured ready times
    instead of measuring again, MG-WFBP the simulator's alpha and beta.
-3. **Confirm** (``confirm_steps`` steps, the first dropped: new keys): keep the
-   choice if its median step is within ``tolerance`` of the prediction or faster
-   than the warm-up's; else run the runner-up as long and keep the faster.
+3. **Confirm** (``confirm_steps`` steps, the first dropped: new keys): where the
+   runner-up is on the other backend, run it as long and keep the faster of the
+   two measured (the model ranks strategies over one backend well, two backends
+   less so); else keep the choice if its median step is within ``tolerance`` of
+   the prediction or faster than the warm-up's, or run the runner-up and keep
+   the faster.
 
 Switches happen only between steps (after ``wait_all``, or with layer-wise
 updates when the next step's first gradient arrives, the previous step's
@@ -364,7 +367,10 @@ class Auto(Strategy):
         keep = 1.0
         if ops.rank() == 0:
             ok = t <= self._choice["predicted_s"] * (1 + self.tolerance) or t <= self.decision["warmup_step_s"]
-            keep = 1.0 if ok or self._runner is None else 0.0
+            # another backend is always measured: a prediction across backends can be off by more than the
+            # difference it reports (the ring predicted at 3x its real step on 2 shared cores at 10 Gbit/s)
+            across = self._runner is not None and self._runner["backend"] != self._choice["backend"]
+            keep = 1.0 if (ok and not across) or self._runner is None else 0.0
         keep, t = self._broadcast([keep, t], "confirm")
         self.decision["measured"]["choice"] = t
         if keep:
@@ -374,7 +380,7 @@ class Auto(Strategy):
             self._final(self._choice, "choice", f"measured {t * 1e3:.1f} ms/step, {why}")
             return
         if ops.rank() == 0:
-            log.info("auto: %s measured %.1f ms/step (predicted %.1f, warm-up %.1f): trying the runner-up %s",
+            log.info("auto: %s measured %.1f ms/step (predicted %.1f, warm-up %.1f): measuring the runner-up %s",
                      _label(self._choice), t * 1e3, self._choice["predicted_s"] * 1e3,
                      self.decision["warmup_step_s"] * 1e3, _label(self._runner))
         self._switch(self._runner, "runner_up")

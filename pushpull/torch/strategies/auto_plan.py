@@ -160,11 +160,17 @@ def allowed(cands: list[dict], only: list[str] | None) -> list[dict]:
 
 
 def choose(cands: list[dict]) -> tuple[dict, dict | None]:
-    """The fastest candidate and the runner-up: the best one that differs in backend or strategy."""
+    """The fastest candidate and the runner-up: the best one on another backend where there is one (the
+    confirmation then measures both backends on the live job: the fitted model compares strategies over one
+    backend well, but two backends through CPU costs and link fits that can each be off by more than their
+    difference), else the best that differs in strategy."""
     if not cands:
         raise ValueError("auto: no candidate strategy left to choose from")
     best = cands[0]
+    other = [c for c in cands[1:] if c["backend"] != best["backend"]]
+    if other:
+        return best, other[0]
     for c in cands[1:]:
-        if (c["backend"], c["strategy"]) != (best["backend"], best["strategy"]):
+        if c["strategy"] != best["strategy"]:
             return best, c
     return best, None
