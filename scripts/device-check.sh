@@ -8,21 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pushpull-device}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-if ! command -v tc >/dev/null 2>&1 && [ -d .ipr ]; then
-  mkdir -p /tmp/ipr && for f in .ipr/*.deb; do dpkg -x "$f" /tmp/ipr; done
-  for b in ip tc; do
-    real=$(ls /tmp/ipr/{bin,sbin,usr/bin,usr/sbin}/$b 2>/dev/null | head -1)
-    printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/ipr/lib/x86_64-linux-gnu:/tmp/ipr/usr/lib/x86_64-linux-gnu exec %s "$@"\n' "$real" \
-      > /tmp/ipr/$b.sh && mv /tmp/ipr/$b.sh /tmp/ipr/wrap-$b
-    chmod +x /tmp/ipr/wrap-$b
-  done
-  mkdir -p /tmp/iprbin && mv /tmp/ipr/wrap-ip /tmp/iprbin/ip && mv /tmp/ipr/wrap-tc /tmp/iprbin/tc
-  export PATH="/tmp/iprbin:$PATH"
-fi
+source scripts/device-env.sh
 { echo "== machine"; nproc; uname -r; free -g | head -2; command -v ip tc; } 2>&1 | tee "$OUT/machine.txt"
 if [ "${SKIP_GPU_CHECK:-0}" != 1 ]; then echo "== gpu-check"
 GPU_CHECK_TIMEOUT=${GPU_CHECK_TIMEOUT:-200} bash scripts/gpu-check.sh 2>&1 | tee "$OUT/gpu-check.log" | tail -25; fi
