@@ -284,8 +284,8 @@ SETTINGS: tuple[Setting, ...] = (
       "How partitions are mapped to servers: 'balanced' assigns by bytes (least loaded first); the others hash the key as BytePS does."),
     S("strategy", [], "wfbp", _strategy, " | ".join(_runtime_strategies()),
       "Communication strategy used by DistributedOptimizer. auto: measure the links and the model in the first "
-      "steps, let the simulator pick backend, strategy, partition and credit, keep the pick only if the next "
-      "steps confirm it, else the runner-up (docs/scheduling.md)."),
+      "steps, let the simulator pick backend, strategy, partition and credit, then measure the pick and the "
+      "best on the other backend for a few steps each and keep the faster (docs/scheduling.md)."),
     S("backend", [], "ps", _choice("ps", "allreduce"), "ps | allreduce",
       "Reduce gradients through the parameter servers or through torch.distributed all-reduce."),
     S("fusion_threshold_bytes", [], _fusion.THRESHOLD_BYTES, _int_min(1), "integer >= 1",

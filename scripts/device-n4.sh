@@ -12,9 +12,9 @@ OUT=${OUT:-/tmp/pushpull-device}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 source scripts/device-env.sh
 { echo "== machine"; nproc; uname -r; command -v ip tc; } 2>&1 | tee "$OUT/machine.txt"
-echo "== bench wire, veth, n = k = 4"
+if [ "${SKIP_WIRE:-0}" != 1 ]; then echo "== bench wire, veth, n = k = 4"
 timeout "${WIRE_TIMEOUT:-120}" python3 -m pushpull bench wire --transports veth --auth none,auto --workers 4 \
-  --servers 4 --gb 0.5 --json "$OUT/wire_16cores_n4.jsonl" 2>&1 | tee "$OUT/wire_16cores_n4.txt" | tail -30
+  --servers 4 --gb 0.5 --json "$OUT/wire_16cores_n4.jsonl" 2>&1 | tee "$OUT/wire_16cores_n4.txt" | tail -30; fi
 echo "== grid: n = 4, 25 Gbit/s, key sizes"
 python3 - <<'PYEOF'
 import json
@@ -24,10 +24,22 @@ cfg.update(name="line_rate_16cores_n4_keys", workers=[4], bandwidths=["25gbit"],
 json.dump(cfg, open("/tmp/n4_engine.json", "w"))                     # the fitted key, and the ring
 json.dump(dict(cfg, backends=["ps"], ps_partition_bytes=[4096000]), open("/tmp/n4_4mb.json", "w"))
 PYEOF
-for c in /tmp/n4_engine.json /tmp/n4_4mb.json; do
-  timeout "${GRID_TIMEOUT:-110}" python3 -m pushpull bench grid --no-progress --out "$OUT/line_rate_16cores_n4_keys.jsonl" \
-    --log-dir /tmp/grid-logs "$c" 2>&1 | tail -2
-done
+if [ -n "${ALTERNATE:-}" ]; then   # ALTERNATE=N: the two key sizes N times each, one after the other, auth none
+  python3 - <<'PYEOF'
+import json
+for f in ("/tmp/n4_engine.json", "/tmp/n4_4mb.json"):
+    cfg = json.load(open(f)); cfg.update(backends=["ps"], auth=["none"]); json.dump(cfg, open(f, "w"))
+PYEOF
+  for i in $(seq "$ALTERNATE"); do for c in /tmp/n4_engine.json /tmp/n4_4mb.json; do
+    timeout "${GRID_TIMEOUT:-110}" python3 -m pushpull bench grid --no-progress --out "$OUT/n4_keys_alt$i.jsonl" \
+      --log-dir /tmp/grid-logs "$c" 2>&1 | tail -1
+  done; cat "$OUT/n4_keys_alt$i.jsonl" >> "$OUT/line_rate_16cores_n4_keys.jsonl"; done
+else
+  for c in /tmp/n4_engine.json /tmp/n4_4mb.json; do
+    timeout "${GRID_TIMEOUT:-110}" python3 -m pushpull bench grid --no-progress --out "$OUT/line_rate_16cores_n4_keys.jsonl" \
+      --log-dir /tmp/grid-logs "$c" 2>&1 | tail -2
+  done
+fi
 python3 - "$OUT/line_rate_16cores_n4_keys.jsonl" <<'PYEOF'
 import json, sys
 for line in open(sys.argv[1]):
