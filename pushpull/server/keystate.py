@@ -182,7 +182,16 @@ class KeyState:
                          f"has not been pulled by rank(s) {missing}")
 
     def abort(self, rnd: int, rank: int, error: str) -> None:
-        """Rank ``rank`` cannot take part in round ``rnd``: the round fails on every rank with ``error``."""
+        """Rank ``rank`` cannot take part in round ``rnd``, or gave up on it after pushing (its deadline
+        passed): the round fails on every rank with ``error``. Returns (nothing to do) where the round
+        already completed: every rank that pulls it gets the right sum."""
+        slot = self.slots[rnd % len(self.slots)]
+        if slot.round == rnd and rank in slot.pushed:
+            if slot.ready:
+                return
+            if slot.error is None:
+                slot.error = error
+            raise Disagreement(slot.error, slot)
         slot = self._slot_for_push(rnd, rank)
         if slot.error is None:
             slot.error = error

@@ -555,8 +555,9 @@ class Server:
         if ks.shm_unseen:
             self._pushed_once(ks, h.sender)
         try:
-            if h.flags & Flags.ABORT:
+            if h.flags & Flags.ABORT:  # raises Disagreement (the round fails), or returns: nothing to fail
                 ks.abort(h.round, h.sender, str(decode_json(msg.body()).get("error", "aborted")))
+                return
             late = ks.late(h.round, h.sender)
             if late is not None:  # backup workers: its round completed without it; it gets that round's sum
                 if not h.flags & Flags.NO_ACK:

@@ -295,6 +295,10 @@ class Pending:
     def done(self) -> bool:
         return all(h.done() for h in self.parts)
 
+    def abandon(self, why: str) -> None:
+        for h in self.parts:
+            h.abandon(why)
+
     def _collect(self, wait, timeout: float):
         """Every part within one deadline for the whole operation (not one per part in turn: a grouped
         allreduce of 5 tensors with a rank missing fails after ``timeout``, not 5 x ``timeout``)."""
@@ -303,7 +307,8 @@ class Pending:
         for h in self.parts:  # wait for all, even after a failure, so none is left behind
             left = deadline - time.monotonic()
             if left <= 0 and error is not None and not h.done():
-                continue  # the deadline passed and the error names what was missing: the rest adds nothing
+                h.abandon(str(error))  # the deadline passed and the error names what was missing: given up too
+                continue
             try:
                 outs.append(wait(h, max(left, 0.0)))
             except Exception as e:  # noqa: BLE001

@@ -430,10 +430,40 @@ class Engine:
                 device=device if device.type != "cpu" and reader else None, user_out=user_out, sig=sig,
                 reader=reader, offset=offset)
         op.handle._describe = lambda: self._describe(op)
+        op.handle._abandon = lambda why: self._give_up(op, why)
         op.gen = self.kv.gen
         op.handle.output = output if output is not None else out
         self.van.call_soon(lambda: self.pipeline.start(op))
         return op.handle
+
+    def _give_up(self, op: Op, why: str) -> None:
+        """The caller's thread, as its deadline passes: the tensor refuses new calls at once (the caller's
+        next call must not find it busy), the rest is the I/O thread's (:meth:`_abandon`)."""
+        e = op.entry
+        with self.table_lock:
+            if not e.error:
+                e.error = self._unusable(e, op.round, why)
+        self.van.call_soon(lambda: self._abandon(op, why))
+
+    def _unusable(self, e: Entry, rnd: int, why: str) -> str:
+        return (f"{why}; on rank {self.rank} tensor {e.name!r} is unusable from now on (its round {rnd} was "
+                f"abandoned, so its rounds are out of step across the ranks: use another name)")
+
+    def _abandon(self, op: Op, why: str) -> None:
+        """On the I/O thread: the caller gave up on ``op`` (its deadline passed). Its round fails on every
+        rank (an ABORT for each partition: a server fails the round unless it already completed), and the
+        tensor is unusable from now on on this rank: its data may still be on the servers, so no later call
+        may take part in a round that could meet it (Horovod's suite: a later call must never sum a failed
+        call's push). The other ranks learn it from the servers when they push that round."""
+        if op.finished:
+            return
+        e = op.entry
+        error = self._unusable(e, op.round, why)
+        if e.state is READY and op.round > 0:
+            body = encode_json({"error": f"on rank {self.rank}, {why} (so round {op.round} fails on every rank)"})
+            for p in e.parts:
+                self.kv.abort(p, op.round, e.code, body)
+        self.pipeline.fail_entry(e, error)
 
     def _abort_next_round(self, name: str, error: str) -> None:
         """This rank cannot take part in the next round of ``name`` (it changed shape, dtype or op): fail
@@ -504,8 +534,10 @@ class Engine:
             buf = direct.exchange(p.sock, header, payload, self.cfg.timeout,
                                   lambda: self.member.failure or (None if self.gen == gen else "the workers changed"))
         except TimeoutError:
-            raise PushPullError(f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
-                                f"(PUSHPULL_TIMEOUT): {self.missing_ranks(e, [p], e.round)}") from None
+            why = (f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
+                   f"(PUSHPULL_TIMEOUT): {self.missing_ranks(e, [p], e.round)}")
+            self._abandon_direct(e, p, e.round, why)
+            raise PushPullError(why) from None
         except ConnectionError as ex:
             if self.gen != gen and not self.member.failure:
                 raise WorkersChanged(f"push_pull of tensor {name!r}: the workers changed (generation {self.gen}, "
@@ -523,6 +555,14 @@ class Engine:
         self.averager.finish(out, average)
         self.stats["direct_calls"] += 1
         return out
+
+    def _abandon_direct(self, e: Entry, p, rnd: int, why: str) -> None:
+        """The direct path's deadline passed in round ``rnd``: as :meth:`_abandon` for an op."""
+        error = self._unusable(e, rnd, why)
+        with self.table_lock:
+            e.state, e.error = FAILED, error
+        body = encode_json({"error": f"on rank {self.rank}, {why} (so round {rnd} fails on every rank)"})
+        self.van.call_soon(lambda: self.kv.abort(p, rnd, e.code, body))
 
     def _describe(self, op: Op) -> str:
         """What a timed-out op waits for, with the ranks the servers have not heard from (asked now)."""

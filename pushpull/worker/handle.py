@@ -21,7 +21,8 @@ class Handle:
     # a handle per tensor per step: a plain lock held until completion is the latch (an Event
     # builds a Condition, an RLock and a deque, and notifies through them); one lock shared by all
     # handles guards the rare done-callbacks
-    __slots__ = ("name", "output", "error", "error_type", "_done", "_latch", "_callbacks", "_describe", "submitted")
+    __slots__ = ("name", "output", "error", "error_type", "_done", "_latch", "_callbacks", "_describe", "submitted",
+                 "_abandon")
     _callbacks_lock = threading.Lock()
 
     def __init__(self, name: str, output, describe: Callable[[], str] | None = None):
@@ -35,6 +36,14 @@ class Handle:
         self._callbacks: list[Callable[["Handle"], None]] | None = None
         self._describe = describe
         self.submitted = time.monotonic()
+        self._abandon: Callable[[str], None] | None = None  # the owner's: fail the operation everywhere
+
+    def abandon(self, why: str) -> None:
+        """The caller gave up on this operation (its deadline passed, ``why``): the owner (the engine) fails
+        it on every rank, so that no later call of the same tensor can meet its data. Once; not once done."""
+        fn, self._abandon = self._abandon, None
+        if fn is not None and not self._done:
+            fn(why)
 
     def done(self) -> bool:
         return self._done
@@ -60,8 +69,9 @@ class Handle:
     def wait(self, timeout: float):
         if not self._wait_done(timeout):
             what = self._describe() if self._describe else "no reply"
-            raise PushPullError(f"push_pull of tensor {self.name!r} did not finish within {timeout:.0f}s "
-                                f"(PUSHPULL_TIMEOUT): {what}")
+            text = f"push_pull of tensor {self.name!r} did not finish within {timeout:.0f}s (PUSHPULL_TIMEOUT): {what}"
+            self.abandon(text)
+            raise PushPullError(text)
         if self.error is not None:
             raise self.error_type(self.error)
         return self.output
@@ -79,8 +89,10 @@ class Handle:
             left = deadline - time.monotonic()
             if left <= 0:
                 what = self._describe() if self._describe else "no reply"
-                raise PushPullError(f"{op} of tensor {self.name!r} did not finish within "
-                                    f"{timeout if limit is None else limit:.0f}s (PUSHPULL_TIMEOUT): {what}")
+                text = (f"{op} of tensor {self.name!r} did not finish within "
+                        f"{timeout if limit is None else limit:.0f}s (PUSHPULL_TIMEOUT): {what}")
+                self.abandon(text)
+                raise PushPullError(text)
             self._wait_done(min(left, 0.25))
         return self.wait(0.0)
 

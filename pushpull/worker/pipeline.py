@@ -96,6 +96,8 @@ class Pipeline:
 
     def on_assigned(self, e: Entry, result: dict) -> None:
         """The scheduler's answer: each partition's key and server; then its codecs, then INIT."""
+        if e.state is FAILED:  # abandoned by its caller meanwhile (a deadline): it stays unusable
+            return
         base = int(result["key"])
         parts = self.kv.parts
         for p, server in zip(e.parts, result["servers"]):
@@ -147,9 +149,11 @@ class Pipeline:
             self.enqueue(op)
 
     def fail_entry(self, e: Entry, error: str) -> None:
-        """The tensor is unusable (a server's or the scheduler's error): its ops fail, and every later one."""
+        """The tensor is unusable (a server's or the scheduler's error): its ops fail, and every later one.
+        The first cause stays (the servers echo an abandoned round's error back to the rank that gave up)."""
+        if e.state is not FAILED or not e.error:
+            e.error = error
         e.state = FAILED
-        e.error = error
         waiting, e.waiting = e.waiting, []
         for op in waiting:
             self.finish(op, error)

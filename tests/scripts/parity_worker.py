@@ -261,6 +261,46 @@ def _():
     check("the next unnamed call", got, torch.full((2,), 10.0 * n))
 
 
+def _lone_named_call_then_together(name: str, numel: int) -> None:
+    """A named tensor in use on every rank; rank 0 calls it alone and times out; then every rank calls it
+    twice. Each of those calls raises at once (rank 0's round was abandoned, and with it the name) or sums
+    right: never rank 0's old 1 with the others' 10s, never a wait for another deadline, never a ValueError."""
+    r, n = hvd.rank(), hvd.size()
+    check("the first call", hvd.allreduce(torch.ones(numel), op=hvd.Sum, name=name), torch.full((numel,), float(n)))
+    hvd.barrier()
+    if r == 0:
+        _within_deadline(lambda: hvd.allreduce(torch.ones(numel), op=hvd.Sum, name=name), ["[1"],
+                         "a lone named allreduce")
+    else:
+        _away()
+    hvd.barrier()
+    for v in (10.0, 5.0):
+        t0 = time.monotonic()
+        try:
+            got = hvd.allreduce(torch.full((numel,), v), op=hvd.Sum, name=name)
+        except hvd.PushPullError as e:
+            took = time.monotonic() - t0
+            if took > _timeout() / 2:
+                raise CaseFailed(f"call of {v}: raised after {took:.1f}s, not at once: {e}") from None
+            if name not in str(e) or "rank 0" not in str(e):
+                raise CaseFailed(f"call of {v}: the error names neither the tensor nor rank 0: {e}") from None
+            continue
+        check(f"the call of {v} after rank 0's timeout", got, torch.full((numel,), v * n))
+    hvd.barrier()
+
+
+@case(DEADLINE, "f1-after-a-timeout-named-small")
+def _():
+    """As the unnamed case, named, one small partition (the direct path on the caller's thread)."""
+    _lone_named_call_then_together("f1.named.small", 2)
+
+
+@case(DEADLINE, "f1-after-a-timeout-named-partitioned")
+def _():
+    """As the unnamed case, named, several partitions on several servers (the engine's pipeline)."""
+    _lone_named_call_then_together("f1.named.big", 3_000_000)
+
+
 def leaver() -> None:
     """The last rank shuts down without join() while the others wait in it: they must hear of it at once,
     naming the rank, not after PUSHPULL_TIMEOUT (a Horovod job would hang)."""
