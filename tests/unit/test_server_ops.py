@@ -70,6 +70,25 @@ def test_an_aborted_round_fails_for_everyone_and_the_rest_is_untouched():
         ks.pull(1, 0)
 
 
+def test_a_round_given_up_after_pushing_fails_for_everyone():
+    """A rank whose deadline passed after its push aborts the round it is in: the others' pushes of that
+    round fail (they must not sum the push it left behind)."""
+    ks = _ks(n=2)
+    ks.push(1, 0, np.ones(4, np.float32))
+    with pytest.raises(Disagreement, match="did not finish"):
+        ks.abort(1, 0, "rank 0: did not finish within 2s")
+    with pytest.raises(Disagreement, match="did not finish"):
+        ks.push(1, 1, np.full(4, 10.0, np.float32))
+
+
+def test_a_round_given_up_after_it_completed_is_left_alone():
+    ks = _ks(n=2)
+    ks.push(1, 0, np.ones(4, np.float32))
+    ks.push(1, 1, np.ones(4, np.float32))
+    assert ks.abort(1, 0, "rank 0: did not finish within 2s") is None  # nothing to fail: the sum is right
+    assert ks.pull(1, 1).error is None
+
+
 def test_round_signature_fields():
     d = describe_sig(round_sig(root=3, dtype="bfloat16", average=True, scale=(2.0, 0.5)))
     assert d["root_rank"] == 3 and d["dtype"] == "bfloat16" and d["average"] is True
