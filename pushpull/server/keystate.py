@@ -85,6 +85,7 @@ class KeyState:
     codec: object = None  # server-side compression (decompress pushes, re-compress the sum)
     slots: list = field(default_factory=lambda: [Slot(), Slot()])
     store: np.ndarray | None = None  # async mode: the parameters
+    outer: object = None  # op "outer" (DiLoCo, local SGD): pushpull.outer.OuterSGD, the global parameters
     inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
     op: str = "sum"  # sum | min | max | product | concat
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
@@ -175,7 +176,7 @@ class KeyState:
             slot.count = 0
             if slot.acc is None:
                 slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(
-                    self.dtype, self.numel, self.op, self._shared_acc(rnd % depth))
+                    self.dtype, self.numel, "sum" if self.op == "outer" else self.op, self._shared_acc(rnd % depth))
             return slot
         missing = sorted(self.expected() - slot.pulled)
         raise RoundError(f"tensor {self.name!r}: rank {rank} pushed round {rnd} while round {slot.round} "
@@ -263,6 +264,8 @@ class KeyState:
 
     def _complete(self, slot: Slot) -> None:
         result = slot.acc.result()
+        if self.outer is not None:  # the mean of the pushes steps the global parameters; pulls get them
+            result = self.outer.apply(result, len(slot.pushed)).astype(WIRE_NP[self.dtype])
         region = self.shm
         if region is not None:  # the sum goes to the shared output (the only push, or a rounded fp16 sum)
             out = region.out(slot.round % len(self.slots)).view(result.dtype)

@@ -21,6 +21,7 @@ from pushpull.cluster import nodes
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError, Member
 from pushpull.config import Config
+from pushpull.outer import OuterSGD, settings
 from pushpull.server.keystate import Busy, Disagreement, KeyState, RoundError
 from pushpull.server.reduce import wire_view
 from pushpull.server.sparse import SparseStore
@@ -290,7 +291,7 @@ class Server:
                 "compression": req.get("compression"), "op": str(req.get("op") or "sum"),
                 "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta"),
                 "writers": req.get("writers"), "shm": req.get("shm") is True}
-        if decl["op"] not in ("sum", "min", "max", "product", "concat", "store") or (
+        if decl["op"] not in ("sum", "min", "max", "product", "concat", "store", "outer") or (
                 decl["readers"] is not None and not all(isinstance(r, int) for r in decl["readers"])):
             self._error(identity, h.key, f"tensor {decl['name']!r}: op {decl['op']!r} / readers "
                                          f"{decl['readers']!r} not understood", h.req_id)
@@ -373,6 +374,15 @@ class Server:
                     self._error(ident, key, f"tensor {decl['name']!r}: compression {decl['compression']} "
                                               f"rejected by the server: {e}", req_id)
                 return
+        if ks.op == "outer":  # DiLoCo / local SGD: the servers keep the global parameters and step them
+            problem = self._outer_problem(decl)
+            if problem:
+                for ident, req_id, _ in pend["by"].values():
+                    self._error(ident, key, problem, req_id)
+                return
+            from pushpull.server.reduce import ACC_NP
+
+            ks.outer = OuterSGD(**settings(decl["meta"] or {}), dtype=ACC_NP[decl["dtype"]])
         if ks.op == "store":  # asynchronous training: the servers keep the parameters
             from pushpull.server.reduce import ACC_NP
 
@@ -389,6 +399,20 @@ class Server:
         for r, (ident, req_id, _) in pend["by"].items():
             body = [encode_json({"shm": ks.shm.describe(ks.shm_slot[r])})] if r in ks.shm_slot else []
             self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id), body)
+
+    @staticmethod
+    def _outer_problem(decl: dict) -> str | None:
+        """Why an outer key (pushpull.outer) cannot be created, or None."""
+        name = decl["name"]
+        if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
+            return f"tensor {name!r}: the outer optimizer needs floating-point parameters, got {decl['dtype']}"
+        if decl["compression"]:
+            return f"tensor {name!r}: compressed pseudo-gradients are not supported on an outer key yet"
+        try:
+            settings(decl["meta"] or {})
+        except ValueError as e:
+            return f"tensor {name!r}: {e}"
+        return None
 
     def _shares_memory(self, ks: KeyState) -> bool:
         """Whether a key's payloads can go through shared memory (PUSHPULL_LOCAL_SHM; pushpull.transport.shm):

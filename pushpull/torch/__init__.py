@@ -10,6 +10,7 @@ from pushpull.torch.ops import (  # noqa: F401
 from pushpull.torch.compression import Compression, Compressor  # noqa: F401
 from pushpull.torch.optimizer import DistributedOptimizer  # noqa: F401
 from pushpull.torch.asynchronous import AsyncOptimizer  # noqa: F401
+from pushpull.torch.diloco import DiLoCo  # noqa: F401
 from pushpull.torch.sparse import SparseEmbedding  # noqa: F401
 from pushpull.torch.functions import BroadcastError  # noqa: F401
 from pushpull.torch.collectives import (  # noqa: F401

@@ -1,0 +1,67 @@
+"""The outer optimizer of local SGD and DiLoCo (Douillard et al., arXiv 2311.08105), over NumPy arrays.
+
+Why here: the servers hold it (one per key: the global parameters of a partition and their momentum), and a
+job of one worker applies the same steps itself (:mod:`pushpull.torch.diloco`), so both read this one file.
+
+A round's input is the sum of the workers' pseudo-gradients (global parameters minus their local ones after
+H inner steps) and how many workers pushed; the step is PyTorch's SGD on their mean ``g``:
+``buf = momentum * buf + g`` (``buf = g`` at the first step), ``d = g + momentum * buf`` with Nesterov, else
+``buf``, and ``params -= lr * d``. Plain local SGD is ``lr=1, momentum=0``: the mean of the local parameters.
+The first round is the start: its input is every worker's parameters (equal after the broadcast), and their
+mean becomes the global parameters.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}  # DiLoCo's published settings
+
+
+def settings(meta: dict) -> dict:
+    """The outer optimizer's settings from a key's declaration, checked (ValueError naming the bad one)."""
+    lr, mu, nesterov = meta.get("outer_lr"), meta.get("outer_momentum"), meta.get("nesterov")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"outer_lr must be a finite number > 0, got {lr!r}")
+    if not isinstance(mu, (int, float)) or isinstance(mu, bool) or not 0 <= mu < 1:
+        raise ValueError(f"outer_momentum must be a number in [0, 1), got {mu!r}")
+    if not isinstance(nesterov, bool):
+        raise ValueError(f"nesterov must be true or false, got {nesterov!r}")
+    if nesterov and mu == 0:
+        raise ValueError("nesterov needs outer_momentum > 0 (as torch.optim.SGD)")
+    return {"outer_lr": float(lr), "outer_momentum": float(mu), "nesterov": nesterov}
+
+
+class OuterSGD:
+    """The global parameters of one key and their momentum, in ``dtype`` (the key's accumulation dtype)."""
+
+    def __init__(self, outer_lr: float, outer_momentum: float, nesterov: bool, dtype=np.float32):
+        self.lr, self.momentum, self.nesterov = float(outer_lr), float(outer_momentum), bool(nesterov)
+        self.dtype = np.dtype(dtype)
+        self.params: np.ndarray | None = None
+        self.buf: np.ndarray | None = None
+        self.rounds = 0
+
+    def apply(self, total: np.ndarray, count: int) -> np.ndarray:
+        """One round: ``total`` the sum of ``count`` workers' pushes. Returns the global parameters after it
+        (the array itself: copy it before the next round if it must outlive it)."""
+        if count < 1:
+            raise ValueError("an outer round needs at least one worker's push")
+        mean = np.asarray(total, dtype=self.dtype) / self.dtype.type(count)
+        self.rounds += 1
+        if self.params is None:  # the start: the workers' parameters
+            self.params = mean
+            return self.params
+        g = mean
+        if self.momentum:
+            if self.buf is None:
+                self.buf = g.copy()
+            else:
+                self.buf *= self.dtype.type(self.momentum)
+                self.buf += g
+            d = g + self.dtype.type(self.momentum) * self.buf if self.nesterov else self.buf
+        else:
+            d = g
+        self.params -= self.dtype.type(self.lr) * d
+        return self.params

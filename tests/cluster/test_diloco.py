@@ -1,0 +1,52 @@
+"""DiLoCo and local SGD (pushpull.torch.DiLoCo) under the real launcher with 2 and 3 workers over 2
+servers, and in one process alone: after 3 outer rounds of 3 inner steps every rank holds exactly the
+parameters a reference computes alone (every rank's inner steps replayed, torch.optim.SGD as the outer
+optimizer), for DiLoCo's Nesterov settings, plain local SGD and heavy-ball momentum
+(tests/scripts/diloco_worker.py); ranks that disagree on the outer settings all fail, naming them. One reported test per case and worker count."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "scripts" / "diloco_worker.py"
+sys.path.insert(0, str(WORKER.parent))
+import diloco_worker  # noqa: E402
+
+_runs: dict = {}
+
+
+def _job(workers: int) -> str:
+    if workers not in _runs:
+        if workers == 1:
+            argv = [sys.executable, str(WORKER)]
+        else:
+            argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", "2",
+                    "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--", sys.executable, str(WORKER)]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-4000:]
+        assert out.count("ALL-DONE") == workers, out[-4000:]
+        _runs[workers] = out
+    return _runs[workers]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("case", list(diloco_worker.CASES))
+def test_diloco_matches_the_reference(case, workers):
+    out = _job(workers)
+    failed = [ln for ln in out.splitlines() if f"CASE {case} FAIL" in ln]
+    assert not failed, "\n".join(failed)
+    assert len(re.findall(rf"CASE {case} ok ", out)) == workers, out[-3000:]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_ranks_that_disagree_on_the_outer_settings_all_fail_naming_them(workers):
+    out = _job(workers)
+    failed = [ln for ln in out.splitlines() if "CASE disagree FAIL" in ln]
+    assert not failed, "\n".join(failed)
+    assert len(re.findall(r"CASE disagree ok ", out)) == workers, out[-3000:]

@@ -1,0 +1,66 @@
+"""The outer optimizer of DiLoCo and local SGD (pushpull/outer.py) without processes: it steps as
+torch.optim.SGD does on the mean pseudo-gradient (Nesterov, heavy ball, none), its first round is the
+start, and bad settings are refused naming the setting. The servers' and the workers' use of it:
+tests/cluster/test_diloco.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pushpull.outer import OuterSGD, settings
+from pushpull.server.server import Server
+
+
+@pytest.mark.parametrize("lr,mu,nesterov", [(0.7, 0.9, True), (0.5, 0.8, False), (1.0, 0.0, False)])
+def test_steps_as_torch_sgd_on_the_mean(lr, mu, nesterov):
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(10).astype(np.float32)
+    outer = OuterSGD(lr, mu, nesterov)
+    np.testing.assert_allclose(outer.apply(start * 3, 3), start, rtol=1e-6)   # the first round: the start
+    p = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    ref = torch.optim.SGD([p], lr=lr, momentum=mu, nesterov=nesterov)
+    for _ in range(4):
+        pushes = rng.standard_normal((3, 10)).astype(np.float32)
+        got = outer.apply(pushes.sum(0), 3)
+        p.grad = torch.from_numpy(pushes.mean(0))
+        ref.step()
+        np.testing.assert_allclose(got, p.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_local_sgd_is_the_mean_of_the_local_parameters():
+    outer = OuterSGD(**settings({"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}))
+    glob = outer.apply(np.array([2.0, 2.0], np.float32), 1).copy()
+    local = [np.array([1.0, 3.0], np.float32), np.array([0.0, 5.0], np.float32)]
+    got = outer.apply(sum(glob - x for x in local), 2)
+    np.testing.assert_allclose(got, np.mean(local, axis=0))
+
+
+def test_a_round_without_pushes_is_refused():
+    with pytest.raises(ValueError, match="at least one"):
+        OuterSGD(0.7, 0.9, True).apply(np.zeros(2, np.float32), 0)
+
+
+@pytest.mark.parametrize("meta,needle", [({"outer_lr": 0, "outer_momentum": 0.9, "nesterov": True}, "outer_lr"),
+                                         ({"outer_lr": float("nan"), "outer_momentum": 0.9, "nesterov": True}, "outer_lr"),
+                                         ({"outer_lr": 0.7, "outer_momentum": 1.0, "nesterov": True}, "outer_momentum"),
+                                         ({"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": "yes"}, "nesterov"),
+                                         ({"outer_lr": 0.7, "outer_momentum": 0.0, "nesterov": True}, "nesterov"),
+                                         ({}, "outer_lr")])
+def test_bad_settings_are_refused_naming_the_setting(meta, needle):
+    with pytest.raises(ValueError, match=needle):
+        settings(meta)
+
+
+@pytest.mark.parametrize("decl,needle", [({"dtype": "int32", "compression": None}, "floating-point"),
+                                         ({"dtype": "float32", "compression": {"name": "fp16"}}, "compressed"),
+                                         ({"dtype": "float32", "compression": None, "meta": {"outer_lr": -1}},
+                                          "outer_lr")])
+def test_the_server_refuses_an_outer_key_it_cannot_step(decl, needle):
+    full = {"name": "diloco.w", "meta": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}, **decl}
+    assert needle in Server._outer_problem(full)
+
+
+def test_the_server_takes_a_good_outer_key():
+    assert Server._outer_problem({"name": "diloco.w", "dtype": "bfloat16", "compression": None,
+                                  "meta": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}}) is None
