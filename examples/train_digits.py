@@ -64,6 +64,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--asynchronous", action="store_true",
                    help="asynchronous training: each worker steps on its own gradients and pushes the change "
                         "to the servers' parameters (no worker waits for another); lr is not scaled by workers")
+    p.add_argument("--diloco", type=int, default=None, metavar="H",
+                   help="DiLoCo: each worker takes H steps of its own optimizer alone, then the servers average "
+                        "the workers' parameter changes and take an outer Nesterov step (docs/diloco.md); lr is "
+                        "not scaled by workers")
+    p.add_argument("--outer-lr", type=float, default=0.3,
+                   help="DiLoCo's outer learning rate (Nesterov momentum 0.9). The paper's 0.7 suits long inner "
+                        "phases; with H = 10 this CNN reached 0.93 with it and 0.96-0.975 with 0.3 (2-3 workers)")
     p.add_argument("--min-accuracy", type=float, default=None,
                    help="exit with status 1 if the final test accuracy is below this")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -202,18 +209,23 @@ def main(argv=None) -> int:
     x_train, y_train, x_test, y_test = load_data(args.seed, args.test_fraction)
     torch.manual_seed(args.seed + rank)  # different on purpose: broadcast_parameters makes them equal
     model = build_model(args.model)
-    lr_workers = 1 if args.asynchronous else size  # synchronous: linear scaling with the averaged batch
+    if args.diloco is not None and args.asynchronous:
+        raise SystemExit("--diloco and --asynchronous are two ways of training: choose one")
+    alone = args.asynchronous or args.diloco is not None  # each worker steps on its own batch
+    lr_workers = 1 if alone else size  # synchronous: linear scaling with the averaged batch
     lr = args.lr * lr_workers
     momentum = sgd_momentum(args)
     compression = compression_from(args)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=1e-4)
     if args.asynchronous:
         opt = bps.AsyncOptimizer(opt, named_parameters=model.named_parameters())
+    elif args.diloco is not None:
+        opt = bps.DiLoCo(opt, model.named_parameters(), sync_every=args.diloco, outer_lr=args.outer_lr)
     else:
         opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        compression=compression, strategy=args.strategy, model=model)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
-    bps.broadcast_optimizer_state(opt, root_rank=0)
+    bps.broadcast_optimizer_state(opt.inner if args.diloco is not None else opt, root_rank=0)
 
     steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
     if rank == 0:
@@ -242,7 +254,7 @@ def main(argv=None) -> int:
     wall0 = time.perf_counter()
     # Elastic (pushpull launch --min-workers M): if a worker dies, the others raise WorkersChanged, go back
     # to the last commit (the end of the last whole epoch) and redo the epoch at the new size.
-    state = bps.elastic.TorchState(model, opt, epoch=0, train_time=0.0, samples=0.0, acc=0.0, test_loss=0.0,
+    state = bps.elastic.TorchState(model, opt.inner if args.diloco is not None else opt, epoch=0, train_time=0.0, samples=0.0, acc=0.0, test_loss=0.0,
                                    history=[], step_bytes=0)
 
     @bps.elastic.run
@@ -255,7 +267,7 @@ def main(argv=None) -> int:
             rank, size = bps.rank(), bps.size()  # read at every epoch: they change when a worker is lost
             steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
             total_steps, warmup = args.epochs * steps, round(args.warmup_epochs * steps)
-            lr = args.lr * (1 if args.asynchronous else size)
+            lr = args.lr * (1 if alone else size)
             idx = shard(len(y_train), epoch, args.seed, rank, size)
             t0 = time.perf_counter()
             pushed0 = eng.stats["bytes_pushed"] if eng is not None else 0
@@ -271,6 +283,8 @@ def main(argv=None) -> int:
                 loss_sum += loss.item() * len(b)
                 if bar is not None:
                     bar.update(1)
+            if args.diloco is not None and opt.pending:  # evaluate the global parameters, as every rank holds them
+                opt.sync()
             epoch_time = time.perf_counter() - t0
             if eng is not None:  # step() waited for every pull, so every push of this epoch is counted
                 state.step_bytes += eng.stats["bytes_pushed"] - pushed0

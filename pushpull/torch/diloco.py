@@ -48,6 +48,7 @@ class DiLoCo:
             raise ValueError("named_parameters has a name twice: the servers' keys would collide")
         self.spec = KeySpec(kind="diloco", op="outer", meta=tuple(sorted(self.outer.items())))
         self.steps = 0       # inner steps taken
+        self.pending = 0     # inner steps since the last outer round
         self.rounds = 0      # outer rounds completed (the start included)
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
@@ -88,14 +89,18 @@ class DiLoCo:
         self.rounds += 1
 
     def sync(self) -> None:
-        """An outer round now: push the pseudo-gradients, take the servers' new global parameters."""
+        """An outer round now (a collective: every worker calls it at the same point; ``step`` does every
+        ``sync_every`` steps): push the pseudo-gradients, take the servers' new global parameters. Also
+        before evaluating or saving the model, so that it holds the global parameters."""
         self._exchange(lambda p, g: g - p.detach())
+        self.pending = 0
 
     # ------------------------------------------------------------ optimizer --
     def step(self, closure=None):
         loss = self.inner.step(closure)
         self.steps += 1
-        if self.steps % self.sync_every == 0:
+        self.pending += 1
+        if self.pending >= self.sync_every:
             self.sync()
         return loss
 
@@ -107,8 +112,9 @@ class DiLoCo:
         return self.inner.param_groups
 
     def state_dict(self) -> dict:
-        return {"inner": self.inner.state_dict(), "steps": self.steps, "rounds": self.rounds}
+        return {"inner": self.inner.state_dict(), "steps": self.steps, "rounds": self.rounds,
+                "pending": self.pending}
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state["inner"])
-        self.steps, self.rounds = int(state["steps"]), int(state["rounds"])
+        self.steps, self.rounds, self.pending = int(state["steps"]), int(state["rounds"]), int(state["pending"])

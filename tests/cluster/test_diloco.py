@@ -50,3 +50,14 @@ def test_ranks_that_disagree_on_the_outer_settings_all_fail_naming_them(workers)
     failed = [ln for ln in out.splitlines() if "CASE disagree FAIL" in ln]
     assert not failed, "\n".join(failed)
     assert len(re.findall(r"CASE disagree ok ", out)) == workers, out[-3000:]
+
+
+def test_digits_example_reaches_its_accuracy_with_diloco():
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--env", "OMP_NUM_THREADS=1",
+            "--", sys.executable, str(ROOT / "examples" / "train_digits.py"), "--diloco", "10", "--no-progress",
+            "--min-accuracy", "0.95"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = res.stdout + res.stderr
+    final = re.search(r"final: test_accuracy=([\d.]+).*bytes/step=(\d+) of (\d+)", out)
+    assert res.returncode == 0 and final and float(final.group(1)) >= 0.95, out[-3000:]
+    assert int(final.group(2)) * 5 < int(final.group(3)), out[-1000:]  # an outer round every 10 steps, not each
