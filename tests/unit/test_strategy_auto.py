@@ -27,30 +27,27 @@ def test_measured_profile_keeps_ready_times_and_sizes():
     assert prof.fwd_s == pytest.approx(0.015) and prof.nbytes == 2400
 
 
-def test_runner_up_is_the_best_of_the_other_backend():
-    cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
-             {"backend": "ps", "strategy": "fusion", "predicted_s": 1.01},
-             {"backend": "allreduce", "strategy": "mgwfbp", "predicted_s": 1.2},
-             {"backend": "allreduce", "strategy": "fusion", "predicted_s": 1.3}]
+def _cands(*pairs) -> list[dict]:
+    return [{"backend": b, "strategy": st, "predicted_s": 1.0 + i / 100} for i, (b, st) in enumerate(pairs)]
+
+
+@pytest.mark.parametrize("pairs", [
+    # the other backend's best, though another PS strategy predicts faster
+    [("ps", "bytescheduler"), ("ps", "fusion"), ("allreduce", "mgwfbp"), ("allreduce", "fusion")],
+    # one backend only: the best of another strategy
+    [("ps", "bytescheduler"), ("ps", "bytescheduler"), ("ps", "wfbp")],
+    # the same strategy again is never the runner-up
+    [("ps", "bytescheduler"), ("ps", "bytescheduler"), ("allreduce", "fusion")],
+], ids=["other-backend", "one-backend", "same-strategy-skipped"])
+def test_runner_up(pairs):
+    cands = _cands(*pairs)
     best, runner = auto_plan.choose(cands)
     assert best is cands[0] and runner is cands[2]
 
 
-def test_runner_up_on_one_backend_differs_in_strategy():
-    cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
-             {"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.01},
-             {"backend": "ps", "strategy": "wfbp", "predicted_s": 1.2}]
-    best, runner = auto_plan.choose(cands)
-    assert best is cands[0] and runner is cands[2]
-
-
-def test_runner_up_differs_in_backend_or_strategy():
-    cands = [{"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.0},
-             {"backend": "ps", "strategy": "bytescheduler", "predicted_s": 1.01},
-             {"backend": "allreduce", "strategy": "fusion", "predicted_s": 1.2}]
-    best, runner = auto_plan.choose(cands)
-    assert best is cands[0] and runner is cands[2]
-    assert auto_plan.allowed(cands, ["allreduce:*"]) == [cands[2]]
+def test_candidates_can_be_restricted_to_a_backend():
+    cands = _cands(("ps", "bytescheduler"), ("allreduce", "fusion"))
+    assert auto_plan.allowed(cands, ["allreduce:*"]) == [cands[1]]
 
 
 # --------------------------------------------------------------------------- fake backends
