@@ -16,6 +16,12 @@ Plain local SGD is ``outer_lr=1, outer_momentum=0, nesterov=False``: the mean of
 Start: rank 0's parameters go to every worker (a broadcast) and become the servers' global parameters
 (the first round, whose pushes are the parameters themselves). The inner optimizer's state stays local,
 as in DiLoCo. A job of one worker applies the same outer steps itself.
+
+Streaming (Streaming DiLoCo, arXiv 2501.18512): with ``fragments`` F > 1 the parameters are cut into F
+contiguous groups of about equal size, and fragment f has its outer round at the steps where
+``(step - f * H // F) % H == 0``, so the link carries 1/F of the model at a time instead of all of it at once.
+With ``overlap`` τ > 0 a fragment's exchange runs while the next τ inner steps go on, and its answer is merged
+when it is due: ``local = mix * local + (1 - mix) * global`` (the local fragment moved on meanwhile).
 """
 from __future__ import annotations
 
@@ -28,16 +34,25 @@ from pushpull.worker.engine import KeySpec
 
 
 class DiLoCo:
-    """Wraps an inner optimizer: :meth:`step` is its step, and every ``sync_every``-th one is followed by an
-    outer round (:meth:`sync`). ``named_parameters``: the model's (names make the servers' keys)."""
+    """Wraps an inner optimizer: :meth:`step` is its step, followed by the outer rounds that fall on it
+    (every ``sync_every`` steps per fragment). ``named_parameters``: the model's (names make the servers'
+    keys)."""
 
     def __init__(self, inner: torch.optim.Optimizer, named_parameters, sync_every: int = 100,
                  outer_lr: float = DEFAULTS["outer_lr"], outer_momentum: float = DEFAULTS["outer_momentum"],
-                 nesterov: bool = DEFAULTS["nesterov"], name: str = "diloco"):
-        if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
-            raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
+                 nesterov: bool = DEFAULTS["nesterov"], fragments: int = 1, overlap: int = 0, mix: float = 0.5,
+                 name: str = "diloco"):
+        for what, v, low in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("overlap", overlap, 0)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{what} must be an integer >= {low}, got {v!r}")
+        if overlap >= sync_every:
+            raise ValueError(f"overlap ({overlap} steps) must be shorter than sync_every ({sync_every}): a "
+                             f"fragment's answer must arrive before its next round")
+        if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0 <= mix <= 1:
+            raise ValueError(f"mix must be a number in [0, 1], got {mix!r}")
         self.outer = settings({"outer_lr": outer_lr, "outer_momentum": outer_momentum, "nesterov": nesterov})
         self.inner, self.sync_every, self.name = inner, sync_every, name
+        self.overlap, self.mix = overlap, float(mix)
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
         mine = {id(p) for g in inner.param_groups for p in g["params"]}
         self.params = [(n, p) for n, p in named if id(p) in mine]
@@ -46,62 +61,96 @@ class DiLoCo:
             raise ValueError(f"{missing} parameter(s) of the inner optimizer are not in named_parameters")
         if len({n for n, _ in self.params}) != len(self.params):
             raise ValueError("named_parameters has a name twice: the servers' keys would collide")
+        if fragments > len(self.params):
+            raise ValueError(f"fragments ({fragments}) must not exceed the parameters ({len(self.params)})")
+        self.fragments = _fragments([p.numel() for _, p in self.params], fragments)
         self.spec = KeySpec(kind="diloco", op="outer", meta=tuple(sorted(self.outer.items())))
         self.steps = 0       # inner steps taken
-        self.pending = 0     # inner steps since the last outer round
-        self.rounds = 0      # outer rounds completed (the start included)
+        self.rounds = 0      # outer rounds completed, of any fragment (the start counts one)
+        self._synced = [0] * len(self.fragments)   # the step of each fragment's last round
+        self._inflight: dict[int, tuple[int, list]] = {}   # fragment -> (the step it is due, its answers)
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
         self._start()
+
+    @property
+    def pending(self) -> int:
+        """Inner steps since the stalest fragment's last outer round (0: every worker holds the global
+        parameters)."""
+        return self.steps - min(self._synced) if not self._inflight else self.steps
 
     # ------------------------------------------------------------ the rounds --
     def _start(self) -> None:
         """Every worker starts from rank 0's parameters, and so do the servers' global parameters."""
         if ops.engine() is not None:
             broadcast_parameters(self.params, root_rank=0, prefix=f"{self.name}.start.")
-        self._exchange(lambda p, g: p.detach())
+        every = list(range(len(self.params)))
+        self._finish(every, self._submit(every, lambda p, g: p.detach()), mixed=False)
+        self._global = [p.detach().clone() for _, p in self.params]
 
-    def _exchange(self, push) -> None:
-        """One outer round: every parameter's push (``push(param, global)``) in flight at once; the answer,
-        the new global parameters, goes into the parameter and into this worker's copy of them."""
-        first = not self._global
-        globals_ = self._global or [None] * len(self.params)
+    def _submit(self, idx: list[int], push) -> list:
+        """The pushes (``push(param, global)``) of parameters ``idx`` in flight at once; returns what
+        :meth:`_finish` takes (handles, or in a job of one worker the answers themselves)."""
+        glob = self._global or [None] * len(self.params)
         if ops.engine() is None:  # one worker: the same outer steps, here (float64 kept, the rest in float32)
             outs = []
-            for (n, p), g in zip(self.params, globals_):
+            for i in idx:
+                (n, p), g = self.params[i], glob[i]
                 acc = torch.float64 if p.dtype == torch.float64 else torch.float32
                 st = self._local.setdefault(n, OuterSGD(**self.outer, dtype=str(acc).replace("torch.", "")))
                 x = push(p, g).detach().to(device="cpu", dtype=acc).numpy()
                 outs.append(torch.from_numpy(st.apply(x, 1).copy()))
-        else:
-            handles = [ops.submit_key(push(p, g).detach().contiguous(), None, False, f"{self.name}.{n}", 0, None,
-                                      self.spec)
-                       for (n, p), g in zip(self.params, globals_)]
-            outs = [ops.synchronize(h) for h in handles]
+            return outs
+        return [ops.submit_key(push(self.params[i][1], glob[i]).detach().contiguous(), None, False,
+                               f"{self.name}.{self.params[i][0]}", 0, None, self.spec) for i in idx]
+
+    def _finish(self, idx: list[int], started: list, mixed: bool) -> None:
+        """The new global parameters of ``idx`` arrive: into this worker's copy of them, and into the
+        parameters (``mixed`` with them where the exchange overlapped inner steps)."""
+        outs = [ops.synchronize(h) if isinstance(h, int) else h for h in started]
         with torch.no_grad():
-            for (_, p), out in zip(self.params, outs):
-                p.copy_(out.view_as(p))
-        if first:
-            self._global = [p.detach().clone() for _, p in self.params]
-        else:
-            for g, (_, p) in zip(self._global, self.params):
-                g.copy_(p.detach())
+            for i, out in zip(idx, outs):
+                p = self.params[i][1]
+                new = out.view_as(p).to(device=p.device, dtype=p.dtype)
+                if self._global:
+                    self._global[i].copy_(new)
+                if mixed and self.mix:
+                    p.mul_(self.mix).add_(new, alpha=1.0 - self.mix)
+                else:
+                    p.copy_(new)
         self.rounds += 1
 
+    def _round(self, f: int) -> None:
+        """Fragment ``f``'s outer round: its pseudo-gradients go out; the answer is taken now, or ``overlap``
+        steps later."""
+        idx = self.fragments[f]
+        started = self._submit(idx, lambda p, g: g - p.detach())
+        self._synced[f] = self.steps
+        if self.overlap:
+            self._inflight[f] = (self.steps + self.overlap, started)
+        else:
+            self._finish(idx, started, mixed=False)
+
     def sync(self) -> None:
-        """An outer round now (a collective: every worker calls it at the same point; ``step`` does every
-        ``sync_every`` steps): push the pseudo-gradients, take the servers' new global parameters. Also
-        before evaluating or saving the model, so that it holds the global parameters."""
-        self._exchange(lambda p, g: g - p.detach())
-        self.pending = 0
+        """An outer round of every fragment now, answers taken at once (a collective: every worker calls it at
+        the same point), e.g. before evaluating or saving, so that every worker holds the global parameters."""
+        for f in sorted(self._inflight):
+            self._finish(self.fragments[f], self._inflight.pop(f)[1], mixed=True)
+        every = [i for frag in self.fragments for i in frag]
+        self._finish(every, self._submit(every, lambda p, g: g - p.detach()), mixed=False)
+        self._synced = [self.steps] * len(self.fragments)
 
     # ------------------------------------------------------------ optimizer --
     def step(self, closure=None):
         loss = self.inner.step(closure)
         self.steps += 1
-        self.pending += 1
-        if self.pending >= self.sync_every:
-            self.sync()
+        for f in [f for f, (due, _) in self._inflight.items() if due <= self.steps]:
+            self._finish(self.fragments[f], self._inflight.pop(f)[1], mixed=True)
+        h, count = self.sync_every, len(self.fragments)
+        for f in range(count):
+            offset = self.steps - f * h // count
+            if offset > 0 and offset % h == 0:
+                self._round(f)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -112,9 +161,22 @@ class DiLoCo:
         return self.inner.param_groups
 
     def state_dict(self) -> dict:
-        return {"inner": self.inner.state_dict(), "steps": self.steps, "rounds": self.rounds,
-                "pending": self.pending}
+        return {"inner": self.inner.state_dict(), "steps": self.steps, "rounds": self.rounds}
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state["inner"])
-        self.steps, self.rounds, self.pending = int(state["steps"]), int(state["rounds"]), int(state["pending"])
+        self.steps, self.rounds = int(state["steps"]), int(state["rounds"])
+
+
+def _fragments(sizes: list[int], count: int) -> list[list[int]]:
+    """``count`` contiguous groups of parameter indices of about equal total size, none empty."""
+    total, out, cur, acc = sum(sizes), [], [], 0
+    for i, n in enumerate(sizes):
+        cur.append(i)
+        acc += n
+        left_groups, left_params = count - len(out) - 1, len(sizes) - i - 1
+        if left_groups and (acc >= total * (len(out) + 1) / count or left_params == left_groups):
+            out.append(cur)
+            cur = []
+    out.append(cur)
+    return out

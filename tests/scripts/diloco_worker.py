@@ -22,66 +22,107 @@ def batch(rank: int, step: int):
     return torch.randn(4, 6, generator=g), torch.randn(4, 2, generator=g)
 
 
-def inner_steps(m: torch.nn.Module, rank: int, first_step: int) -> None:
+FRAGMENTS_OF_THE_MODEL = {1: [[0, 1, 2, 3]], 2: [[0], [1, 2, 3]]}  # by size: weight 30 | 5 + 10 + 2
+
+
+def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: float = 0.5):
+    """Every rank's parameters after ROUNDS * H inner steps and a final sync, and the outer rounds taken,
+    computed here alone: all ranks' inner steps replayed, torch.optim.SGD as each fragment's outer optimizer."""
+    frags = FRAGMENTS_OF_THE_MODEL[fragments]
+    glob = list(model(0).parameters())  # rank 0's start, which the broadcast gives everyone
+    outer_opts = [torch.optim.SGD([glob[i] for i in fr], lr=outer["outer_lr"], momentum=outer["outer_momentum"],
+                                  nesterov=outer["nesterov"]) for fr in frags]
+    locals_ = []
+    for _ in range(n):
+        m = model(0)
+        with torch.no_grad():
+            for p, g in zip(m.parameters(), glob):
+                p.copy_(g)
+        locals_.append(m)
+    rounds, inflight = 1, {}
+
+    def outer_round(f: int) -> list[torch.Tensor]:
+        nonlocal rounds
+        with torch.no_grad():
+            for i in frags[f]:
+                glob[i].grad = sum(glob[i].detach() - list(m.parameters())[i].detach() for m in locals_) / n
+        outer_opts[f].step()
+        return [glob[i].detach().clone() for i in frags[f]]
+
+    def arrive(f: int, new: list[torch.Tensor], merge: bool) -> None:
+        nonlocal rounds
+        rounds += 1
+        with torch.no_grad():
+            for m in locals_:
+                ps = list(m.parameters())
+                for i, v in zip(frags[f], new):
+                    ps[i].copy_(mix * ps[i] + (1 - mix) * v if merge else v)
+
+    for s in range(1, ROUNDS * H + 1):
+        for w, m in enumerate(locals_):
+            inner_steps_one(m, w, s - 1)
+        for f in [f for f, (due, _) in inflight.items() if due <= s]:
+            arrive(f, inflight.pop(f)[1], merge=overlap > 0 and mix > 0)
+        for f in range(len(frags)):
+            off = s - f * H // len(frags)
+            if off > 0 and off % H == 0:
+                new = outer_round(f)
+                if overlap:
+                    inflight[f] = (s + overlap, new)
+                else:
+                    arrive(f, new, merge=False)
+    for f in sorted(inflight):  # the final sync: answers in flight first, then every fragment at once
+        arrive(f, inflight.pop(f)[1], merge=overlap > 0 and mix > 0)
+    news = [outer_round(f) for f in range(len(frags))]
+    for f, new in enumerate(news):
+        arrive(f, new, merge=False)
+    rounds -= len(frags) - 1  # the final sync is one round of every fragment
+    return [[p.detach() for p in m.parameters()] for m in locals_], rounds
+
+
+def inner_steps_one(m: torch.nn.Module, rank: int, step: int) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=LR)
-    for s in range(first_step, first_step + H):
-        x, y = batch(rank, s)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(x), y).backward()
-        opt.step()
+    x, y = batch(rank, step)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    opt.step()
 
 
-def reference(n: int, outer: dict) -> list[torch.Tensor]:
-    """The global parameters after ROUNDS outer rounds of n workers, computed here alone."""
-    glob = model(0)  # rank 0's start, which the broadcast gives everyone
-    out_opt = torch.optim.SGD(glob.parameters(), lr=outer["outer_lr"], momentum=outer["outer_momentum"],
-                              nesterov=outer["nesterov"])
-    for r in range(ROUNDS):
-        pseudo = [torch.zeros_like(p) for p in glob.parameters()]
-        for w in range(n):
-            local = model(0)
-            local.load_state_dict(glob.state_dict())
-            inner_steps(local, w, r * H)
-            for acc, g, l in zip(pseudo, glob.parameters(), local.parameters()):
-                acc += (g.detach() - l.detach()) / n
-        out_opt.zero_grad()
-        for p, g in zip(glob.parameters(), pseudo):
-            p.grad = g
-        out_opt.step()
-    return [p.detach() for p in glob.parameters()]
-
-
-def run(outer: dict, name: str) -> None:
+def run(outer: dict, name: str, **streaming) -> None:
     rank, n = bps.rank(), bps.size()
     m = model(rank)  # every rank starts elsewhere: DiLoCo's start must give them rank 0's parameters
     opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name=name,
-                     **outer)
+                     **outer, **streaming)
     for s in range(ROUNDS * H):
         x, y = batch(rank, s)
         opt.zero_grad()
         torch.nn.functional.mse_loss(m(x), y).backward()
         opt.step()
-    want = reference(n, outer)
+    opt.sync()
+    want, rounds = reference(n, outer, **streaming)
     got = [p.detach() for p in m.parameters()]
-    worst = max(float((a - b).abs().max()) for a, b in zip(got, want))
-    if opt.rounds != ROUNDS + 1:
-        print(f"CASE {name} FAIL rank {rank}: {opt.rounds} rounds, {ROUNDS + 1} due", flush=True)
+    worst = max(float((a - b).abs().max()) for a, b in zip(got, want[rank]))
+    if opt.rounds != rounds:
+        print(f"CASE {name} FAIL rank {rank}: {opt.rounds} rounds, {rounds} due", flush=True)
     elif worst > 1e-5:
         print(f"CASE {name} FAIL rank {rank}: parameters differ from the reference by {worst:.3g}", flush=True)
     else:
         print(f"CASE {name} ok rank {rank} (max difference {worst:.1e})", flush=True)
 
 
-CASES = {"diloco": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},
-         "localsgd": {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False},
-         "momentum": {"outer_lr": 0.5, "outer_momentum": 0.8, "nesterov": False}}
+DILOCO = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+CASES = {"diloco": (DILOCO, {}),
+         "localsgd": ({"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}, {}),
+         "momentum": ({"outer_lr": 0.5, "outer_momentum": 0.8, "nesterov": False}, {}),
+         "streaming": (DILOCO, {"fragments": 2}),
+         "streaming-overlap": (DILOCO, {"fragments": 2, "overlap": 1, "mix": 0.5})}
 
 
 def main() -> None:
     bps.init()
-    for name, outer in CASES.items():
+    for name, (outer, streaming) in CASES.items():
         try:
-            run(outer, name)
+            run(outer, name, **streaming)
         except Exception as e:  # noqa: BLE001 - reported as the case's failure
             print(f"CASE {name} FAIL rank {bps.rank()}: {type(e).__name__}: {e}", flush=True)
     if bps.size() > 1:
