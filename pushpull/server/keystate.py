@@ -272,7 +272,8 @@ class KeyState:
             if result.ctypes.data != out.ctypes.data:
                 np.copyto(out, result)
             result = out
-        slot.out = self.codec.compress_sum(result) if self.codec is not None else result
+        # an outer key's answer is the global parameters, whole: only its pushes (pseudo-gradients) are compressed
+        slot.out = self.codec.compress_sum(result) if self.codec is not None and self.outer is None else result
         slot.count = len(slot.pushed)
         slot.ready = True
         self.completed = max(self.completed, slot.round)

@@ -406,8 +406,6 @@ class Server:
         name = decl["name"]
         if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
             return f"tensor {name!r}: the outer optimizer needs floating-point parameters, got {decl['dtype']}"
-        if decl["compression"]:
-            return f"tensor {name!r}: compressed pseudo-gradients are not supported on an outer key yet"
         try:
             settings(decl["meta"] or {})
         except ValueError as e:
@@ -654,7 +652,7 @@ class Server:
             return
         if slot.wire is None:
             slot.wire = self.van.shared_frame(slot.out)
-        compressed = ks.codec is not None
+        compressed = ks.codec is not None and ks.outer is None
         # backup workers: how many pushes the sum holds (the average's divisor) and how many rounds have
         # completed after this one (a late rank catches up on them by pulling)
         extra = backup_extra(slot.count, ks.completed - rnd) if ks.backup else 0

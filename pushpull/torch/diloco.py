@@ -41,7 +41,7 @@ class DiLoCo:
     def __init__(self, inner: torch.optim.Optimizer, named_parameters, sync_every: int = 100,
                  outer_lr: float = DEFAULTS["outer_lr"], outer_momentum: float = DEFAULTS["outer_momentum"],
                  nesterov: bool = DEFAULTS["nesterov"], fragments: int = 1, overlap: int = 0, mix: float = 0.5,
-                 name: str = "diloco"):
+                 compression=None, name: str = "diloco"):
         for what, v, low in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("overlap", overlap, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{what} must be an integer >= {low}, got {v!r}")
@@ -53,6 +53,9 @@ class DiLoCo:
         self.outer = settings({"outer_lr": outer_lr, "outer_momentum": outer_momentum, "nesterov": nesterov})
         self.inner, self.sync_every, self.name = inner, sync_every, name
         self.overlap, self.mix = overlap, float(mix)
+        # the pseudo-gradients' codec on the way to the servers (e.g. Compression.build({"compressor": "int8"}));
+        # the answer, the global parameters, comes back whole
+        self.compression = compression
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
         mine = {id(p) for g in inner.param_groups for p in g["params"]}
         self.params = [(n, p) for n, p in named if id(p) in mine]
@@ -101,8 +104,10 @@ class DiLoCo:
                 x = push(p, g).detach().to(device="cpu", dtype=acc).numpy()
                 outs.append(torch.from_numpy(st.apply(x, 1).copy()))
             return outs
+        # a key has one codec: with compression the start's parameters travel compressed too, and every
+        # worker takes the servers' answer, so all of them and the servers start from the same values
         return [ops.submit_key(push(self.params[i][1], glob[i]).detach().contiguous(), None, False,
-                               f"{self.name}.{self.params[i][0]}", 0, None, self.spec) for i in idx]
+                               f"{self.name}.{self.params[i][0]}", 0, self.compression, self.spec) for i in idx]
 
     def _finish(self, idx: list[int], started: list, mixed: bool) -> None:
         """The new global parameters of ``idx`` arrive: into this worker's copy of them, and into the

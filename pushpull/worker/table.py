@@ -199,7 +199,7 @@ class TensorTable:
                 raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
         else:
             use_compression = None
-        if spec.op != "sum" and use_compression is not None:
+        if spec.op not in ("sum", "outer") and use_compression is not None:  # outer: the pushes are summed
             raise ValueError(f"tensor {name!r}: compression needs a sum on the servers, not {spec.op}")
         e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,
                   code=dtype_code(DTYPE_NAME[dtype]), spec=spec)

@@ -52,6 +52,14 @@ def test_ranks_that_disagree_on_the_outer_settings_all_fail_naming_them(workers)
     assert len(re.findall(r"CASE disagree ok ", out)) == workers, out[-3000:]
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_int8_pseudo_gradients_keep_the_ranks_equal_and_near_the_reference(workers):
+    out = _job(workers)
+    failed = [ln for ln in out.splitlines() if "CASE int8 FAIL" in ln]
+    assert not failed, "\n".join(failed)
+    assert len(re.findall(r"CASE int8 ok ", out)) == workers, out[-3000:]
+
+
 def test_digits_example_reaches_its_accuracy_with_diloco():
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--env", "OMP_NUM_THREADS=1",
             "--", sys.executable, str(ROOT / "examples" / "train_digits.py"), "--diloco", "10", "--no-progress",

@@ -53,7 +53,6 @@ def test_bad_settings_are_refused_naming_the_setting(meta, needle):
 
 
 @pytest.mark.parametrize("decl,needle", [({"dtype": "int32", "compression": None}, "floating-point"),
-                                         ({"dtype": "float32", "compression": {"name": "fp16"}}, "compressed"),
                                          ({"dtype": "float32", "compression": None, "meta": {"outer_lr": -1}},
                                           "outer_lr")])
 def test_the_server_refuses_an_outer_key_it_cannot_step(decl, needle):
