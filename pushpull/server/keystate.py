@@ -86,6 +86,10 @@ class KeyState:
     slots: list = field(default_factory=lambda: [Slot(), Slot()])
     store: np.ndarray | None = None  # async mode: the parameters
     outer: object = None  # op "outer" (DiLoCo, local SGD): pushpull.outer.OuterSGD, the global parameters
+    # an outer key's rounds go by the round's id (the pushes' signature), not by each worker's count: after
+    # a change of the workers a retried round keeps its id. Open rounds by id, and the last one stepped
+    outer_rounds: dict = field(default_factory=dict)
+    outer_done: tuple | None = None  # (id, the answer: the global parameters after that round)
     inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
     op: str = "sum"  # sum | min | max | product | concat
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
@@ -141,6 +145,7 @@ class KeyState:
         New slots, so an engine thread still summing an old push writes into a slot nobody reads."""
         self.num_workers = num_workers
         self.slots = [Slot() for _ in self.slots]
+        self.outer_rounds = {}  # the open outer rounds are retried by the workers (the stepped one is kept)
         self.completed = 0
         self.pushes = 0
         self.deferred = []
@@ -197,6 +202,42 @@ class KeyState:
         if slot.error is None:
             slot.error = error
         raise Disagreement(slot.error, slot)
+
+    def outer_push(self, rid: int, rank: int, data: np.ndarray, waiter: tuple) -> Slot | None:
+        """One worker's push of outer round ``rid`` (``waiter``: whom to answer). Returns a slot holding the
+        answer: the stepped round's (a retry of it, after the workers changed), or this round's when it
+        just completed (its ``waiting`` lists every worker to answer); None while it waits for others.
+        An outer key's answer is the global parameters, whole: only its pushes are ever compressed."""
+        done = self.outer_done
+        if done is not None and rid == done[0]:
+            return Slot(round=rid, out=done[1], ready=True, waiting=[waiter])
+        if done is None and rid != 1:
+            raise RoundError(f"tensor {self.name!r}: outer round {rid} pushed to a key that holds no global "
+                             f"parameters (its server was replaced, or the start round never ran here)")
+        if done is not None and rid < done[0]:
+            raise RoundError(f"tensor {self.name!r}: rank {rank} pushed outer round {rid}, older than the last "
+                             f"one stepped ({done[0]})")
+        slot = self.outer_rounds.get(rid)
+        if slot is None:
+            if len(self.outer_rounds) >= 2:
+                raise RoundError(f"tensor {self.name!r}: outer round {rid} opened while rounds "
+                                 f"{sorted(self.outer_rounds)} wait for pushes")
+            slot = self.outer_rounds[rid] = Slot(round=rid, acc=Accumulator(self.dtype, self.numel, "sum"))
+        if rank in slot.pushed:
+            raise RoundError(f"tensor {self.name!r} outer round {rid}: rank {rank} pushed twice")
+        if slot.pushed:
+            slot.acc.add(data)
+        else:
+            slot.acc.first(data)
+        slot.pushed.add(rank)
+        slot.waiting.append(waiter)
+        if not self.covers(slot.pushed):
+            return None
+        result = self.outer.apply(slot.acc.result(), len(slot.pushed)).astype(WIRE_NP[self.dtype])
+        del self.outer_rounds[rid]
+        self.outer_done = (rid, result)
+        slot.out, slot.ready = result, True
+        return slot
 
     def late(self, rnd: int, rank: int) -> Slot | None:
         """Backup keys: the completed round ``rnd``'s slot if ``rank``'s push for it comes too late (it is then
@@ -264,16 +305,13 @@ class KeyState:
 
     def _complete(self, slot: Slot) -> None:
         result = slot.acc.result()
-        if self.outer is not None:  # the mean of the pushes steps the global parameters; pulls get them
-            result = self.outer.apply(result, len(slot.pushed)).astype(WIRE_NP[self.dtype])
         region = self.shm
         if region is not None:  # the sum goes to the shared output (the only push, or a rounded fp16 sum)
             out = region.out(slot.round % len(self.slots)).view(result.dtype)
             if result.ctypes.data != out.ctypes.data:
                 np.copyto(out, result)
             result = out
-        # an outer key's answer is the global parameters, whole: only its pushes (pseudo-gradients) are compressed
-        slot.out = self.codec.compress_sum(result) if self.codec is not None and self.outer is None else result
+        slot.out = self.codec.compress_sum(result) if self.codec is not None else result
         slot.count = len(slot.pushed)
         slot.ready = True
         self.completed = max(self.completed, slot.round)

@@ -533,6 +533,8 @@ class Server:
         try:
             if ks.store is not None:
                 self._async_op(identity, msg, ks)
+            elif ks.outer is not None:
+                self._outer_op(identity, msg, ks)
             elif h.type == MsgType.PUSH:
                 self._push(identity, msg, ks)
             else:
@@ -652,7 +654,7 @@ class Server:
             return
         if slot.wire is None:
             slot.wire = self.van.shared_frame(slot.out)
-        compressed = ks.codec is not None and ks.outer is None
+        compressed = ks.codec is not None and ks.outer is None  # an outer key answers whole parameters
         # backup workers: how many pushes the sum holds (the average's divisor) and how many rounds have
         # completed after this one (a late rank catches up on them by pulling)
         extra = backup_extra(slot.count, ks.completed - rnd) if ks.backup else 0
@@ -660,6 +662,30 @@ class Server:
                                      dtype=dtype_code(ks.dtype), numel=ks.numel, nbytes=len(slot.wire),
                                      flags=Flags.COMPRESSED if compressed else 0, extra=extra),
                     [slot.wire])
+
+    def _outer_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        """An outer key (DiLoCo, local SGD; pushpull.outer): pushes of pseudo-gradients matched by their round's
+        id (the request id, the round signature every worker gives alike), answered with the new global
+        parameters once every worker present pushed; an ABORT fails the open rounds."""
+        h = msg.header
+        if h.type != MsgType.PUSH:
+            raise ProtocolError(f"tensor {ks.name!r}: an outer key is only pushed (the pull rides on the push)")
+        if h.flags & Flags.ABORT:
+            text = str(decode_json(msg.body()).get("error", "aborted"))
+            for slot in ks.outer_rounds.values():
+                for ident, _, req_id, _ in slot.waiting:
+                    self._error(ident, h.key, text, req_id)
+            ks.outer_rounds.clear()
+            return
+        data = self._decode_push(msg, ks)
+        slot = ks.outer_push(h.req_id, h.sender, data, (identity, h.sender, h.req_id, h.round))
+        if not h.flags & Flags.NO_ACK:
+            self._ack(identity, h)
+        if slot is None:
+            return
+        for ident, rank, req_id, rnd in slot.waiting:  # each worker's answer under its own round number
+            self._answer_pull(ident, rank, req_id, h.key, rnd, ks, slot)
+        slot.waiting.clear()
 
     def _async_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         """A store key (asynchronous training): a push adds a delta to the parameters, a pull returns them at

@@ -31,6 +31,9 @@ from pushpull.outer import DEFAULTS, OuterSGD, settings
 from pushpull.torch import ops
 from pushpull.torch.functions import broadcast_parameters
 from pushpull.worker.engine import KeySpec
+from pushpull.worker.handle import WorkersChanged
+
+MAX_RETRIES = 3  # changes of the workers one outer round goes through before it gives up
 
 
 class DiLoCo:
@@ -74,6 +77,8 @@ class DiLoCo:
         self._inflight: dict[int, tuple[int, list]] = {}   # fragment -> (the step it is due, its answers)
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
+        self._ids = 0        # outer rounds started: each round's id (the start is 1)
+        self.changes = 0     # changes of the workers taken during outer rounds (elastic training)
         self._start()
 
     @property
@@ -88,31 +93,61 @@ class DiLoCo:
         if ops.engine() is not None:
             broadcast_parameters(self.params, root_rank=0, prefix=f"{self.name}.start.")
         every = list(range(len(self.params)))
-        self._finish(every, self._submit(every, lambda p, g: p.detach()), mixed=False)
+        self._finish(self._submit(every, lambda p, g: p.detach()), mixed=False)
         self._global = [p.detach().clone() for _, p in self.params]
 
-    def _submit(self, idx: list[int], push) -> list:
+    def _submit(self, idx: list[int], push) -> tuple:
         """The pushes (``push(param, global)``) of parameters ``idx`` in flight at once; returns what
-        :meth:`_finish` takes (handles, or in a job of one worker the answers themselves)."""
+        :meth:`_finish` takes: the parameters, the tensors pushed, the round's id, and the handles (in a job
+        of one worker, the answers themselves)."""
         glob = self._global or [None] * len(self.params)
+        self._ids += 1  # every worker runs the same rounds in the same order: the same id for the same round
+        tensors = [push(self.params[i][1], glob[i]).detach().contiguous() for i in idx]
         if ops.engine() is None:  # one worker: the same outer steps, here (float64 kept, the rest in float32)
             outs = []
-            for i in idx:
-                (n, p), g = self.params[i], glob[i]
+            for i, x in zip(idx, tensors):
+                n, p = self.params[i]
                 acc = torch.float64 if p.dtype == torch.float64 else torch.float32
                 st = self._local.setdefault(n, OuterSGD(**self.outer, dtype=str(acc).replace("torch.", "")))
-                x = push(p, g).detach().to(device="cpu", dtype=acc).numpy()
-                outs.append(torch.from_numpy(st.apply(x, 1).copy()))
-            return outs
+                outs.append(torch.from_numpy(st.apply(x.to(device="cpu", dtype=acc).numpy(), 1).copy()))
+            return idx, tensors, self._ids, outs
+        return idx, tensors, self._ids, [self._push(i, t, self._ids) for i, t in zip(idx, tensors)]
+
+    def _push(self, i: int, tensor: torch.Tensor, rid: int) -> int:
+        """One parameter's push of outer round ``rid``: the id rides as the round signature, and the servers
+        match an outer round's pushes by it. A change of the workers noticed here (this worker had nothing in
+        flight) is taken as it comes: the push goes out in the new job."""
         # a key has one codec: with compression the start's parameters travel compressed too, and every
         # worker takes the servers' answer, so all of them and the servers start from the same values
-        return [ops.submit_key(push(self.params[i][1], glob[i]).detach().contiguous(), None, False,
-                               f"{self.name}.{self.params[i][0]}", 0, self.compression, self.spec) for i in idx]
+        name = f"{self.name}.{self.params[i][0]}"
+        try:
+            return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=rid)
+        except WorkersChanged:  # reported once: the second call goes out
+            self.changes += 1
+            return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=rid)
 
-    def _finish(self, idx: list[int], started: list, mixed: bool) -> None:
-        """The new global parameters of ``idx`` arrive: into this worker's copy of them, and into the
-        parameters (``mixed`` with them where the exchange overlapped inner steps)."""
-        outs = [ops.synchronize(h) if isinstance(h, int) else h for h in started]
+    def _finish(self, started: tuple, mixed: bool) -> None:
+        """The new global parameters arrive: into this worker's copy of them, and into the parameters
+        (``mixed`` with them where the exchange overlapped inner steps). Where the workers changed under the
+        round (elastic training: a worker was lost), the same pushes go again in the new job under the same
+        id: the round completes with the workers present, and a key whose step was taken before the change
+        answers that step again, so no key is stepped twice and a lost worker costs its share of one round."""
+        idx, tensors, rid, handles = started
+        for attempt in range(MAX_RETRIES + 1):
+            outs, lost = [], None
+            for h in handles:  # every handle is taken, even after a failure, so none is left behind
+                try:
+                    outs.append(ops.synchronize(h) if isinstance(h, int) else h)
+                except WorkersChanged as e:
+                    lost = e
+                    outs.append(None)
+            if lost is None:
+                break
+            if attempt == MAX_RETRIES:
+                raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times during outer round "
+                                     f"{rid}: {lost}")
+            self.changes += 1
+            handles = [self._push(i, t, rid) for i, t in zip(idx, tensors)]
         with torch.no_grad():
             for i, out in zip(idx, outs):
                 p = self.params[i][1]
@@ -134,15 +169,15 @@ class DiLoCo:
         if self.overlap:
             self._inflight[f] = (self.steps + self.overlap, started)
         else:
-            self._finish(idx, started, mixed=False)
+            self._finish(started, mixed=False)
 
     def sync(self) -> None:
         """An outer round of every fragment now, answers taken at once (a collective: every worker calls it at
         the same point), e.g. before evaluating or saving, so that every worker holds the global parameters."""
         for f in sorted(self._inflight):
-            self._finish(self.fragments[f], self._inflight.pop(f)[1], mixed=True)
+            self._finish(self._inflight.pop(f)[1], mixed=True)
         every = [i for frag in self.fragments for i in frag]
-        self._finish(every, self._submit(every, lambda p, g: g - p.detach()), mixed=False)
+        self._finish(self._submit(every, lambda p, g: g - p.detach()), mixed=False)
         self._synced = [self.steps] * len(self.fragments)
 
     # ------------------------------------------------------------ optimizer --
@@ -150,7 +185,7 @@ class DiLoCo:
         loss = self.inner.step(closure)
         self.steps += 1
         for f in [f for f, (due, _) in self._inflight.items() if due <= self.steps]:
-            self._finish(self.fragments[f], self._inflight.pop(f)[1], mixed=True)
+            self._finish(self._inflight.pop(f)[1], mixed=True)
         h, count = self.sync_every, len(self.fragments)
         for f in range(count):
             offset = self.steps - f * h // count

@@ -69,3 +69,16 @@ def test_digits_example_reaches_its_accuracy_with_diloco():
     final = re.search(r"final: test_accuracy=([\d.]+).*bytes/step=(\d+) of (\d+)", out)
     assert res.returncode == 0 and final and float(final.group(1)) >= 0.95, out[-3000:]
     assert int(final.group(2)) * 5 < int(final.group(3)), out[-1000:]  # an outer round every 10 steps, not each
+
+
+def test_a_lost_worker_costs_one_rounds_share_and_the_others_go_on():
+    """--min-workers 2: the worker started as rank 2 is SIGKILLed between two outer rounds; the other two take
+    the change inside DiLoCo (no restore), the next rounds average their two pushes, and both end with the
+    reference's parameters (tests/scripts/diloco_worker.py churn)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--", sys.executable, str(WORKER), "churn"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "going on with 2 workers" in out, out[-3000:]
+    assert len(re.findall(r"CASE churn ok ", out)) == 2 and "CASE churn FAIL" not in out, out[-3000:]

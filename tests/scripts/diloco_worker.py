@@ -25,9 +25,11 @@ def batch(rank: int, step: int):
 FRAGMENTS_OF_THE_MODEL = {1: [[0, 1, 2, 3]], 2: [[0], [1, 2, 3]]}  # by size: weight 30 | 5 + 10 + 2
 
 
-def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: float = 0.5):
+def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: float = 0.5, alive=None):
     """Every rank's parameters after ROUNDS * H inner steps and a final sync, and the outer rounds taken,
-    computed here alone: all ranks' inner steps replayed, torch.optim.SGD as each fragment's outer optimizer."""
+    computed here alone: all ranks' inner steps replayed, torch.optim.SGD as each fragment's outer optimizer.
+    ``alive(step)``: the ranks whose pushes a round at that step averages (default: all)."""
+    alive = alive or (lambda s: list(range(n)))
     frags = FRAGMENTS_OF_THE_MODEL[fragments]
     glob = list(model(0).parameters())  # rank 0's start, which the broadcast gives everyone
     outer_opts = [torch.optim.SGD([glob[i] for i in fr], lr=outer["outer_lr"], momentum=outer["outer_momentum"],
@@ -41,11 +43,11 @@ def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: fl
         locals_.append(m)
     rounds, inflight = 1, {}
 
-    def outer_round(f: int) -> list[torch.Tensor]:
-        nonlocal rounds
+    def outer_round(f: int, s: int) -> list[torch.Tensor]:
+        present = [locals_[w] for w in alive(s)]
         with torch.no_grad():
             for i in frags[f]:
-                glob[i].grad = sum(glob[i].detach() - list(m.parameters())[i].detach() for m in locals_) / n
+                glob[i].grad = sum(glob[i].detach() - list(m.parameters())[i].detach() for m in present) / len(present)
         outer_opts[f].step()
         return [glob[i].detach().clone() for i in frags[f]]
 
@@ -66,14 +68,14 @@ def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: fl
         for f in range(len(frags)):
             off = s - f * H // len(frags)
             if off > 0 and off % H == 0:
-                new = outer_round(f)
+                new = outer_round(f, s)
                 if overlap:
                     inflight[f] = (s + overlap, new)
                 else:
                     arrive(f, new, merge=False)
     for f in sorted(inflight):  # the final sync: answers in flight first, then every fragment at once
         arrive(f, inflight.pop(f)[1], merge=overlap > 0 and mix > 0)
-    news = [outer_round(f) for f in range(len(frags))]
+    news = [outer_round(f, ROUNDS * H + 1) for f in range(len(frags))]
     for f, new in enumerate(news):
         arrive(f, new, merge=False)
     rounds -= len(frags) - 1  # the final sync is one round of every fragment
@@ -118,8 +120,39 @@ CASES = {"diloco": (DILOCO, {}),
          "streaming-overlap": (DILOCO, {"fragments": 2, "overlap": 1, "mix": 0.5})}
 
 
+def churn() -> None:
+    """3 workers, --min-workers 2: the worker that started as rank 2 is SIGKILLed after its 7th inner step
+    (between the outer rounds of steps 6 and 9). The other two go on without a restore: the round of step 9
+    and every later one average their two pushes, and both end with the reference's parameters."""
+    import os
+    import signal
+
+    rank, n = bps.rank(), bps.size()
+    m = model(rank)
+    opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name="churn",
+                     **DILOCO)
+    for s in range(ROUNDS * H):
+        if rank == 2 and s == 7:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch(rank, s)  # the rank it started with: its shard
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    opt.sync()
+    want, rounds = reference(n, DILOCO, alive=lambda s: [0, 1, 2] if s <= 7 else [0, 1])
+    worst = max(float((a - b).abs().max()) for a, b in zip(m.parameters(), want[rank]))
+    ok = bps.size() == 2 and opt.changes >= 1 and opt.rounds == rounds and worst < 1e-5
+    print(f"CASE churn {'ok' if ok else 'FAIL'} rank {rank} -> {bps.rank()} of {bps.size()}: {opt.changes} "
+          f"change(s) taken, {opt.rounds} rounds ({rounds} due), {worst:.1e} from the reference", flush=True)
+
+
 def main() -> None:
     bps.init()
+    if sys.argv[1:] == ["churn"]:
+        churn()
+        bps.shutdown()
+        print("ALL-DONE", flush=True)
+        return
     for name, (outer, streaming) in CASES.items():
         try:
             run(outer, name, **streaming)

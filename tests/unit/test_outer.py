@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pushpull.outer import OuterSGD, settings
+from pushpull.server.keystate import KeyState, RoundError
 from pushpull.server.server import Server
 
 
@@ -63,3 +64,59 @@ def test_the_server_refuses_an_outer_key_it_cannot_step(decl, needle):
 def test_the_server_takes_a_good_outer_key():
     assert Server._outer_problem({"name": "diloco.w", "dtype": "bfloat16", "compression": None,
                                   "meta": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}}) is None
+
+
+def _outer_key(workers: int = 2) -> KeyState:
+    ks = KeyState(9, "diloco.w", "float32", 3, workers)
+    ks.op, ks.outer = "outer", OuterSGD(1.0, 0.0, False)
+    return ks
+
+
+def _push(ks, rid, rank, values):
+    return ks.outer_push(rid, rank, np.array(values, np.float32), (b"w", rank, rid, 1))
+
+
+def test_an_outer_round_completes_with_every_worker_and_answers_them_all():
+    ks = _outer_key()
+    assert _push(ks, 1, 0, [2, 2, 2]) is None
+    start = _push(ks, 1, 1, [2, 2, 2])
+    assert [w[1] for w in start.waiting] == [0, 1] and list(start.out) == [2, 2, 2]
+    _push(ks, 2, 0, [1, 1, 1])
+    done = _push(ks, 2, 1, [3, 3, 3])  # local SGD: the mean pseudo-gradient (2) off the global (2)
+    assert list(done.out) == [0, 0, 0] and ks.outer_done[0] == 2
+
+
+def test_a_stepped_round_pushed_again_answers_its_step_not_a_second_one():
+    ks = _outer_key()
+    _push(ks, 1, 0, [2, 2, 2]), _push(ks, 1, 1, [2, 2, 2])
+    _push(ks, 2, 0, [1, 1, 1]), _push(ks, 2, 1, [1, 1, 1])
+    ks.reset(2)  # the workers changed after the step, before every answer arrived
+    again = _push(ks, 2, 1, [1, 1, 1])
+    assert list(again.out) == [1, 1, 1] and ks.outer.rounds == 2 and again.waiting == [(b"w", 1, 2, 1)]
+
+
+def test_an_open_round_is_dropped_by_a_change_and_completes_with_the_workers_left():
+    ks = _outer_key(3)
+    _push(ks, 1, 0, [2, 2, 2]), _push(ks, 1, 1, [2, 2, 2]), _push(ks, 1, 2, [2, 2, 2])
+    _push(ks, 2, 0, [9, 9, 9])  # the pushes of a round the lost worker never joined
+    ks.reset(2)
+    assert _push(ks, 2, 0, [1, 1, 1]) is None  # the retry: only this generation's pushes count
+    assert list(_push(ks, 2, 1, [3, 3, 3]).out) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("first,rid,needle", [(False, 2, "holds no global parameters"),
+                                              (True, 1, "older than the last one stepped")])
+def test_rounds_that_cannot_be_stepped_are_refused(first, rid, needle):
+    ks = _outer_key(1)
+    if first:
+        _push(ks, 1, 0, [1, 1, 1]), _push(ks, 2, 0, [1, 1, 1])
+        rid = 1
+    with pytest.raises(RoundError, match=needle):
+        _push(ks, rid, 0, [1, 1, 1])
+
+
+def test_a_rank_pushing_an_open_round_twice_is_refused():
+    ks = _outer_key()
+    _push(ks, 1, 0, [1, 1, 1])
+    with pytest.raises(RoundError, match="pushed twice"):
+        _push(ks, 1, 0, [1, 1, 1])
