@@ -56,7 +56,7 @@ class DiLoCo:
         self.outer = settings({"outer_lr": outer_lr, "outer_momentum": outer_momentum, "nesterov": nesterov})
         self.inner, self.sync_every, self.name = inner, sync_every, name
         self.overlap, self.mix = overlap, float(mix)
-        # the pseudo-gradients' codec on the way to the servers (e.g. Compression.build({"compressor": "int8"}));
+        # the pseudo-gradients' codec on the way to the servers (e.g. Compression.build("int8", block=256));
         # the answer, the global parameters, comes back whole
         self.compression = compression
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
@@ -74,7 +74,7 @@ class DiLoCo:
         self.steps = 0       # inner steps taken
         self.rounds = 0      # outer rounds completed, of any fragment (the start counts one)
         self._synced = [0] * len(self.fragments)   # the step of each fragment's last round
-        self._inflight: dict[int, tuple[int, list]] = {}   # fragment -> (the step it is due, its answers)
+        self._inflight: dict[int, tuple[int, tuple]] = {}   # fragment -> (the step it is due, its exchange)
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
         self._ids = 0        # outer rounds started: each round's id (the start is 1)
