@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200, help="timed DiLoCo steps")
     p.add_argument("--sync-steps", type=int, default=10, help="timed synchronous steps")
     p.add_argument("--congestion", default="cubic")
+    p.add_argument("--no-slow-start-after-idle", action="store_true",
+                   help="net.ipv4.tcp_slow_start_after_idle=0 on every emulated host (Linux's default is 1: an "
+                        "idle connection starts again from the initial window)")
     p.add_argument("--out", default=None, help="write the results page here (markdown, and .json beside it)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -136,10 +139,15 @@ def main(argv=None) -> int:
     for cell in args.cells.split(","):
         rate, _, delay = cell.partition(":")
         argv_w = [sys.executable, str(Path(__file__).resolve()), "--worker"] + [
-            a for k, v in vars(args).items() if k not in ("worker", "out", "cells", "congestion")
+            a for k, v in vars(args).items() if k not in ("worker", "out", "cells", "congestion", "no_slow_start_after_idle")
             for a in (f"--{k.replace('_', '-')}", str(v))]
         t0 = time.monotonic()
         with EmulatedCluster(WORKERS + SERVERS, rate=rate, delay=delay or None, congestion=args.congestion) as cl:
+            if args.no_slow_start_after_idle:
+                import subprocess
+                for h in range(WORKERS + SERVERS):
+                    subprocess.run(["ip", "netns", "exec", cl.ns(h), "sysctl", "-qw",
+                                    "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
             job = launch_job(cl, WORKERS, SERVERS, argv_w, placement="separate", log_dir="/tmp/pushpull-diloco-bench",
                              env={"OMP_NUM_THREADS": "1", "PUSHPULL_TIMEOUT": "300"})
             job.wait(1800)
@@ -166,7 +174,8 @@ def report(args, cells: list[dict]) -> str:
     c = args.compute_ms / 1e3
     cmd = (f"`flock /tmp/pushpull-cpu.lock python benchmarks/diloco_speed.py --cells {args.cells} --mb {args.mb:g} "
            f"--compute-ms {args.compute_ms:g} --h {args.h} --fragments {args.fragments} --overlap {args.overlap} "
-           f"--steps {args.steps} --sync-steps {args.sync_steps}`")
+           f"--steps {args.steps} --sync-steps {args.sync_steps}"
+           + (" --no-slow-start-after-idle" if getattr(args, "no_slow_start_after_idle", False) else "") + "`")
     lines = ["# DiLoCo against synchronous push_pull: utilisation and bytes per token", "",
              f"{cmd}: {WORKERS} worker hosts, {SERVERS} server hosts of their own, a {args.mb:g} MB fp32 model, "
              f"{args.compute_ms:g} ms of emulated compute per step (a sleep: what a GPU would be busy for), "
