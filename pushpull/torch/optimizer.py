@@ -288,7 +288,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          strategy=None, model: torch.nn.Module | None = None, *, op=None,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
                          sparse_as_dense: bool = False, process_set=None, asynchronous: bool | None = None,
-                         **strategy_options):
+                         compression_params: dict | None = None, **strategy_options):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
 
     ``asynchronous=True`` (default: the BYTEPS_ENABLE_ASYNC setting) trains asynchronously instead: this returns
@@ -303,7 +303,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     the first step, then the reverse of the order in which the first backward pass produced the gradients).
     Horovod's ``op`` (Average, Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` are taken;
     ``num_groups``/``groups``, ``op=Adasum`` and process sets raise, saying so. Gradients are
-    ``Gradient.<parameter name>`` on the servers.
+    ``Gradient.<parameter name>`` on the servers. BytePS's ``compression_params`` (a dict such as
+    ``{"compressor": "onebit", "ef": "vanilla", "scaling": True}``) is the same as ``compression=`` that dict.
     """
     from pushpull.torch import collectives
     from pushpull.torch.functions import _check_global
@@ -311,6 +312,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if compression_params is not None:  # BytePS's name for the compression spec
+        if compression not in (None, Compression.none):
+            raise ValueError("DistributedOptimizer: give compression= or BytePS's compression_params=, not both")
+        if not isinstance(compression_params, dict):
+            raise TypeError(f"compression_params must be a dict such as {{'compressor': 'onebit'}}, got "
+                            f"{type(compression_params).__name__}")
+        compression = dict(compression_params)
     if asynchronous is None:
         asynchronous = ops.config().enable_async
     if asynchronous:
@@ -332,7 +340,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     own = {"named_parameters", "compression", "backward_passes_per_step", "strategy", "model",
-           "asynchronous"} | _HOROVOD_OPTIONS
+           "asynchronous", "compression_params"} | _HOROVOD_OPTIONS
     if not isinstance(strategy, str) and strategy is not None:
         if strategy_options:
             raise unknown_keyword("DistributedOptimizer", next(iter(strategy_options)), own)
