@@ -34,6 +34,7 @@ push_pull = _checked(_ops.push_pull)
 push_pull_inplace = _checked(_ops.push_pull_inplace)
 push_pull_async = _checked(_ops.push_pull_async)
 push_pull_async_inplace = _checked(_ops.push_pull_async_inplace)
+byteps_push_pull = push_pull_async_inplace  # BytePS's name for it (its own tests call it): a handle, in place
 declare = _checked(_ops.declare)
 # Horovod's names
 allreduce = _checked(_coll.allreduce)

@@ -1,6 +1,7 @@
-"""BytePS's ``compression_params`` keyword of ``DistributedOptimizer`` (its gradient-compression docs pass the
-spec so), in one process: it is the same as ``compression=`` that dict; both at once, or not a dict, is
-refused saying which."""
+"""BytePS's names a BytePS user calls, in one process: ``DistributedOptimizer(compression_params=...)`` (the
+spec dict BytePS's compression docs pass) is the same as ``compression=`` that dict, and both at once or not
+a dict is refused saying which; ``byteps_push_pull`` (BytePS's own tests call it) is the in-place
+asynchronous push_pull."""
 from __future__ import annotations
 
 import pytest
@@ -39,3 +40,11 @@ def test_compression_params_that_is_not_a_dict_is_refused(bps):
 def test_a_bad_compressor_in_compression_params_is_named(bps):
     with pytest.raises(ValueError, match="compressor"):
         _opt(bps, compression_params={"compressor": "twobit"})
+
+
+def test_byteps_push_pull_is_the_in_place_asynchronous_push_pull(bps):
+    """BytePS's own tests call ``bps.byteps_push_pull(tensor, name=...)`` and synchronize the handle."""
+    t = torch.arange(4.0)
+    bps.declare("byteps_name")
+    out = bps.synchronize(bps.byteps_push_pull(t, name="byteps_name"))
+    assert torch.equal(out, torch.arange(4.0)) and out.data_ptr() == t.data_ptr()
