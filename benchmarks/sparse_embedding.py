@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _iface_bytes(iface: str) -> tuple[int, int]:
-    """(rx, tx) bytes of ``iface`` in this process's network namespace."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == iface:
-            f = rest.split()
-            return int(f[0]), int(f[8])
-    raise RuntimeError(f"interface {iface} not in /proc/net/dev")
+    """(rx, tx) bytes of ``iface`` in this process's network namespace (the grid's reader, which must find it)."""
+    from pushpull.bench.grid import link_counters
+
+    got = link_counters(iface)
+    if got is None:
+        raise RuntimeError(f"interface {iface} not in /proc/net/dev")
+    return got
 
 
 def worker(args) -> None:

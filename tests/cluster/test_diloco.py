@@ -35,29 +35,27 @@ def _job(workers: int) -> str:
     return _runs[workers]
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-@pytest.mark.parametrize("case", list(diloco_worker.CASES))
-def test_diloco_matches_the_reference(case, workers):
+def _assert_case(case: str, workers: int) -> None:
     out = _job(workers)
     failed = [ln for ln in out.splitlines() if f"CASE {case} FAIL" in ln]
     assert not failed, "\n".join(failed)
     assert len(re.findall(rf"CASE {case} ok ", out)) == workers, out[-3000:]
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("case", list(diloco_worker.CASES))
+def test_diloco_matches_the_reference(case, workers):
+    _assert_case(case, workers)
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_ranks_that_disagree_on_the_outer_settings_all_fail_naming_them(workers):
-    out = _job(workers)
-    failed = [ln for ln in out.splitlines() if "CASE disagree FAIL" in ln]
-    assert not failed, "\n".join(failed)
-    assert len(re.findall(r"CASE disagree ok ", out)) == workers, out[-3000:]
+    _assert_case("disagree", workers)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_int8_pseudo_gradients_keep_the_ranks_equal_and_near_the_reference(workers):
-    out = _job(workers)
-    failed = [ln for ln in out.splitlines() if "CASE int8 FAIL" in ln]
-    assert not failed, "\n".join(failed)
-    assert len(re.findall(r"CASE int8 ok ", out)) == workers, out[-3000:]
+    _assert_case("int8", workers)
 
 
 def test_digits_example_reaches_its_accuracy_with_diloco():

@@ -90,17 +90,27 @@ def inner_steps_one(m: torch.nn.Module, rank: int, step: int) -> None:
     opt.step()
 
 
-def run(outer: dict, name: str, **streaming) -> None:
-    rank, n = bps.rank(), bps.size()
-    m = model(rank)  # every rank starts elsewhere: DiLoCo's start must give them rank 0's parameters
-    opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name=name,
-                     **outer, **streaming)
+def train(m: torch.nn.Module, opt, rank: int, die_at: int | None = None) -> None:
+    """ROUNDS * H inner steps on ``rank``'s batches (SIGKILLed before step ``die_at``), then a final sync."""
+    import os
+    import signal
+
     for s in range(ROUNDS * H):
+        if s == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch(rank, s)
         opt.zero_grad()
         torch.nn.functional.mse_loss(m(x), y).backward()
         opt.step()
     opt.sync()
+
+
+def run(outer: dict, name: str, **streaming) -> None:
+    rank, n = bps.rank(), bps.size()
+    m = model(rank)  # every rank starts elsewhere: DiLoCo's start must give them rank 0's parameters
+    opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name=name,
+                     **outer, **streaming)
+    train(m, opt, rank)
     want, rounds = reference(n, outer, **streaming)
     got = [p.detach() for p in m.parameters()]
     worst = max(float((a - b).abs().max()) for a, b in zip(got, want[rank]))
@@ -124,21 +134,11 @@ def churn() -> None:
     """3 workers, --min-workers 2: the worker that started as rank 2 is SIGKILLed after its 7th inner step
     (between the outer rounds of steps 6 and 9). The other two go on without a restore: the round of step 9
     and every later one average their two pushes, and both end with the reference's parameters."""
-    import os
-    import signal
-
     rank, n = bps.rank(), bps.size()
     m = model(rank)
     opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name="churn",
                      **DILOCO)
-    for s in range(ROUNDS * H):
-        if rank == 2 and s == 7:
-            os.kill(os.getpid(), signal.SIGKILL)
-        x, y = batch(rank, s)  # the rank it started with: its shard
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(x), y).backward()
-        opt.step()
-    opt.sync()
+    train(m, opt, rank, die_at=7 if rank == 2 else None)  # the rank it started with: its shard
     want, rounds = reference(n, DILOCO, alive=lambda s: [0, 1, 2] if s <= 7 else [0, 1])
     worst = max(float((a - b).abs().max()) for a, b in zip(m.parameters(), want[rank]))
     ok = bps.size() == 2 and opt.changes >= 1 and opt.rounds == rounds and worst < 1e-5
@@ -189,12 +189,7 @@ def compressed() -> None:
     m = model(rank)
     opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name="int8",
                      compression=bps.Compression.build("int8", block=8, min_compress_bytes=0), **DILOCO)
-    for s in range(ROUNDS * H):
-        x, y = batch(rank, s)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(x), y).backward()
-        opt.step()
-    opt.sync()
+    train(m, opt, rank)
     want, _ = reference(n, DILOCO)
     flat = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
     everyone = bps.allgather(flat.unsqueeze(0), name="int8.check")
