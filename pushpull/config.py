@@ -198,6 +198,12 @@ SETTINGS: tuple[Setting, ...] = (
       "off, and each machine's ranks share a host name; otherwise the job logs why and stays flat."),
     S("force_distributed", ["BYTEPS_FORCE_DISTRIBUTED"], False, _bool, "0 | 1",
       "Use the servers even with a single worker process (otherwise size()==1 reduces locally)."),
+    S("shutdown", [], "leave", _choice("leave", "keep"), "leave | keep",
+      "What shutdown() does with this worker's place in the job: 'leave' = leave it now, as BytePS's "
+      "shutdown does (once every worker has left, the servers and the scheduler exit; init() afterwards joins "
+      "whatever job the environment names then, as BytePS's own tests do); 'keep' = keep it until the process "
+      "exits, so that init() takes the same membership up again (Horovod's re-init). `pushpull launch "
+      "--workers N` and the torchrun integration set 'keep' for their workers, who own no scheduler."),
     S("servers_per_node", [], 1, _int_min(0), "integer >= 0",
       "Under torchrun with no DMLC_* roles set: servers the local rank 0 of every node starts (the job has "
       "nodes x this many). 0 starts none, for servers placed by other means."),
@@ -347,7 +353,9 @@ SETTINGS: tuple[Setting, ...] = (
       "member (logs a warning). docs/security.md."),
     S("secret", [], None, lambda s: s or None, "any string (keep it private)",
       "The job secret, the same on every machine. `pushpull launch --workers N` makes a fresh one for its "
-      "job; multi-machine jobs set it (or secret_file) themselves. Never printed."),
+      "job; multi-machine jobs set it (or secret_file) themselves. A job whose every address is loopback and "
+      "that names none (BytePS's own scripts) uses this user's local secret, ~/.pushpull/local_secret (mode "
+      "0600, made on first use; PUSHPULL_LOCAL_SECRET_DIR moves it). Never printed."),
     S("max_message_bytes", [], 64 << 20, _int_min(1 << 20), "integer >= 1048576",
       "Largest message a server accepts (4 MiB for the scheduler); a peer that sends a larger one is "
       "disconnected before it is buffered. Partitions must fit in half of it (compressed payloads of odd "
@@ -437,6 +445,7 @@ class Config:
     local_size: int | None
     local_reduce: str
     force_distributed: bool
+    shutdown: str
     servers_per_node: int
     # --- worker data path
     partition_bytes: int

@@ -238,6 +238,7 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     if not any(k in common for k in ("PUSHPULL_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD")):
         common["PUSHPULL_SERVER_ENGINE_THREAD"] = str(max(1, min(4, (os.cpu_count() or 1) // (workers + servers))))
     ensure_job_secret(common)
+    common.setdefault("PUSHPULL_SHUTDOWN", "keep")  # this launcher owns the job's life: init() may follow shutdown()
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",
                    "DMLC_NUM_SERVER": str(servers), "DMLC_WORKER_ID": "0", "BYTEPS_LOCAL_SIZE": str(workers),
                    "DMLC_NODE_HOST": "127.0.0.1"})

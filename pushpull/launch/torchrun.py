@@ -73,6 +73,7 @@ def start_cluster(timeout: float = 120.0) -> None:
                 "BYTEPS_LOCAL_SIZE": str(local_world), "BYTEPS_LOCAL_RANK": str(local_rank)})
     if not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
         env["PUSHPULL_SECRET"] = store.get(prefix + "secret").decode()
+    env.setdefault("PUSHPULL_SHUTDOWN", "keep")  # torchrun owns the job's life: init() may follow shutdown()
     roles = (["scheduler"] if rank == 0 else []) + (["server"] * per_node if local_rank == 0 else [])
     for role in roles:
         child_env = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}

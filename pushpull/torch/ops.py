@@ -127,15 +127,18 @@ def _watch_uncaught() -> None:
 
 
 def shutdown() -> None:
-    """Stop using pushpull in this process: collectives raise until ``init()`` is called again (Horovod's
-    re-init). The process stays a member of the job until it exits: the job's servers serve until every
-    worker has left, and a worker that left cannot join again."""
-    eng = _state.engine
+    """Stop using pushpull in this process: collectives raise until ``init()`` is called again. With
+    PUSHPULL_SHUTDOWN=leave (the default, BytePS's shutdown) the worker leaves the job now, so that the
+    servers and scheduler end once every worker has; with 'keep' (what pushpull's launchers set) it stays a
+    member until the process exits and ``init()`` takes the same membership up again (Horovod's re-init)."""
+    eng, cfg = _state.engine, _state.cfg
     _state.engine = None
     _trace.uninstall()
     if eng is not None:
         if _state.crashed:
             eng.stop()  # crashed: exit now and let the launcher stop the job
+        elif cfg is not None and cfg.shutdown == "leave":
+            eng.shutdown()
         else:
             _state.parked = eng
     _state.cfg = None

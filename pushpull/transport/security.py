@@ -32,7 +32,11 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
+import secrets
 import socket
+import stat
+import tempfile
 import threading
 from pathlib import Path
 
@@ -141,20 +145,73 @@ class JobAuth:
 
 
 def job_secret(cfg: Config) -> str | None:
-    """PUSHPULL_SECRET, or the first line of PUSHPULL_SECRET_FILE."""
+    """PUSHPULL_SECRET, or the first line of PUSHPULL_SECRET_FILE; for a job confined to this machine's
+    loopback with neither, this user's own local secret (:func:`local_secret`)."""
     if cfg.secret:
         return cfg.secret
     if cfg.secret_file:
-        try:
-            text = Path(cfg.secret_file).read_text().splitlines()
-        except OSError as e:
-            raise ConfigError(f"PUSHPULL_SECRET_FILE={cfg.secret_file!r} cannot be read: {e}") from None
-        if not text or not text[0].strip():
-            raise ConfigError(f"PUSHPULL_SECRET_FILE={cfg.secret_file!r} is empty")
-        return text[0].strip()
+        return _read_secret_file(cfg.secret_file, "PUSHPULL_SECRET_FILE")
+    if loopback_only(cfg):
+        return local_secret()
     return None
 
 
+def _read_secret_file(path: str, what: str) -> str:
+    try:
+        text = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"{what}={path!r} cannot be read: {e}") from None
+    if not text or not text[0].strip():
+        raise ConfigError(f"{what}={path!r} is empty")
+    return text[0].strip()
+
+
+def loopback_only(cfg: Config) -> bool:
+    """Every address of the job is this machine's loopback: the scheduler's, and this node's own."""
+    return is_loopback(cfg.root_uri) and (cfg.node_host is None or is_loopback(cfg.node_host)) \
+        and (cfg.bind_host is None or is_loopback(cfg.bind_host)) and cfg.interface in (None, "lo")
+
+
+def local_secret_path() -> Path:
+    return Path(os.environ.get("PUSHPULL_LOCAL_SECRET_DIR") or Path.home() / ".pushpull") / "local_secret"
+
+
+def local_secret() -> str:
+    """A secret private to this user on this machine (a 0600 file in a 0700 folder, made on first use),
+    for jobs that never leave loopback and name no secret, as BytePS's own tests and scripts start them
+    (roles from DMLC_* variables alone). Why it is safe: a process that can read the file runs as this
+    user (or root) and could read the job's environment anyway; other users' processes, which reach
+    loopback ports too, cannot. The file is refused when another user owns it or others may read it."""
+    path = local_secret_path()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not path.exists():
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".local_secret.")  # 0600
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32) + "\n")
+                try:
+                    os.link(tmp, path)  # atomic: of several first users, one file wins and all read it
+                except FileExistsError:
+                    pass
+            finally:
+                os.unlink(tmp)
+        st = path.stat()
+    except OSError as e:
+        raise ConfigError(f"no job secret, and this user's local secret {str(path)!r} cannot be made: {e}; "
+                          f"{HOW_TO_SET}") from None
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"the local secret {str(path)!r} is owned by uid {st.st_uid} with mode "
+                          f"{stat.filemode(st.st_mode)}; it must be this user's (uid {os.geteuid()}) and "
+                          f"readable by nobody else (chmod 600), or {HOW_TO_SET}")
+    global _told_local
+    if not _told_local:
+        log.info("no PUSHPULL_SECRET: this loopback-only job authenticates with the local secret in %s", path)
+        _told_local = True
+    return _read_secret_file(str(path), "the local secret")
+
+
+_told_local = False
 _warned = False
 
 

@@ -60,8 +60,10 @@ def test_workers_reach_a_server_on_loopback_by_its_local_socket(auto_job):
 
 @pytest.mark.parametrize("role", ["scheduler", "server"])
 def test_role_without_secret_stops_at_once_saying_how_to_set_one(role):
+    """Between machines (a scheduler address that is not loopback; TEST-NET-1, never routed): no local
+    secret stands in, the role stops before it binds or connects."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PUSHPULL_"))}
-    env.update({"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "1",
+    env.update({"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "192.0.2.1", "DMLC_PS_ROOT_PORT": "1",
                 "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1"})
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "pushpull", "launch"], env=env, capture_output=True, text=True,
