@@ -100,6 +100,10 @@ def worker(args) -> None:
             for p, g in zip(ps, fixed):
                 p.grad = g
             opt.step()
+        # the first H steps hold no round of the later fragments (fragment f's first is at H + f H / F):
+        # warm up over them, then measure whole periods of H, each holding one round of every fragment
+        for s in range(args.h):
+            step(s)
         measure(name, args.steps, step)
         opt.sync()
 
@@ -119,7 +123,8 @@ def main(argv=None) -> int:
     p.add_argument("--h", type=int, default=100, help="DiLoCo's H: inner steps per outer round")
     p.add_argument("--fragments", type=int, default=4)
     p.add_argument("--overlap", type=int, default=20, help="streaming: inner steps an exchange overlaps")
-    p.add_argument("--steps", type=int, default=200, help="timed DiLoCo steps")
+    p.add_argument("--steps", type=int, default=200,
+                   help="timed DiLoCo steps, after H untimed ones (a multiple of H: whole periods)")
     p.add_argument("--sync-steps", type=int, default=10, help="timed synchronous steps")
     p.add_argument("--congestion", default="cubic")
     p.add_argument("--no-slow-start-after-idle", action="store_true",
@@ -128,6 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the results page here (markdown, and .json beside it)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.steps % args.h:
+        p.error(f"--steps ({args.steps}) must be a multiple of --h ({args.h}): whole periods of every fragment")
     if args.worker:
         worker(args)
         return 0
@@ -170,6 +177,29 @@ def main(argv=None) -> int:
     return 0
 
 
+def predictions(args, cell: dict) -> dict:
+    """The simulator's utilisation and bytes ratio for each method on this cell's cluster (none unshaped)."""
+    if not cell["rate_Bps"]:
+        return {}
+    from pushpull.sim.config import ClusterConfig, parse_duration
+    from pushpull.sim.diloco import DiLoCoSetting, predict
+    from pushpull.sim.engine import simulate
+    from pushpull.sim.synthetic import synthetic_profile
+
+    numel = int(args.mb * 1e6 / 4)
+    sizes = [numel // 8] * 7 + [numel - 7 * (numel // 8)]  # the worker's eight tensors
+    c = args.compute_ms / 1e3
+    prof = synthetic_profile([[n] for n in sizes], fwd_s=c / 3 / len(sizes))
+    cluster = ClusterConfig(workers=WORKERS, servers=SERVERS, bandwidth=cell["rate_Bps"],
+                            latency=parse_duration(cell["delay"]) if cell["delay"] else 50e-6)
+    out = {"sync": (c / simulate(prof, cluster, "bsp", trace=False).iteration_s, 1.0)}
+    for name, st in (("diloco", DiLoCoSetting(args.h)),
+                     ("streaming", DiLoCoSetting(args.h, args.fragments, args.overlap, "int8"))):
+        r = predict(prof, cluster, st)
+        out[name] = (r.utilisation, r.fewer_bytes)
+    return out
+
+
 def report(args, cells: list[dict]) -> str:
     m = args.mb * 1e6
     c = args.compute_ms / 1e3
@@ -183,8 +213,11 @@ def report(args, cells: list[dict]) -> str:
              f"{args.tokens} tokens per worker per step; DiLoCo H = {args.h}; streaming: {args.fragments} fragments, "
              f"exchanges overlapping {args.overlap} inner steps, int8 pseudo-gradients (256-element blocks). "
              f"Means over the {WORKERS} workers; bytes from each worker host's interface counters.", "",
-             "| link | method | step (ms) | compute utilisation | wire bytes per step (rx + tx) | bytes per token | "
-             "fewer bytes than sync | bound |", "|---|---|---:|---:|---:|---:|---:|---|"]
+             "The simulator's prediction for the same cluster (pushpull.sim.diloco.predict; synchronous: bsp) "
+             "is beside each measurement: the planner's model, validated here.", "",
+             "| link | method | step (ms) | compute utilisation | predicted utilisation | wire bytes per step (rx + tx) "
+             "| bytes per token | fewer bytes than sync | predicted fewer | bound |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for cell in cells:
         ws = cell["workers"]
         link = f"{cell['rate']}, {cell['delay'] or '0'} one way" + ("" if cell["rate_Bps"] else " (NOT SHAPED)")
@@ -192,6 +225,7 @@ def report(args, cells: list[dict]) -> str:
         def mean(name: str, key: str) -> float:
             return statistics.mean(w[name][key] for w in ws)
         sync_bytes = mean("sync", "rx_per_step") + mean("sync", "tx_per_step")
+        pred = predictions(args, cell)
         for name, label in (("sync", "synchronous push_pull"), ("diloco", f"DiLoCo H = {args.h}"),
                             ("streaming", f"streaming DiLoCo, F = {args.fragments}, int8")):
             step = mean(name, "wall_s") / ws[0][name]["steps"]
@@ -199,11 +233,15 @@ def report(args, cells: list[dict]) -> str:
             wire = mean(name, "rx_per_step") + mean(name, "tx_per_step")
             bound = ""
             if name == "sync" and cell["rate_Bps"]:
-                bound = f"c + M/B = {1e3 * (c + m / cell['rate_Bps']):.0f} ms"
+                # a PS step: c, then the servers' links carry n/k M each way (M when k >= n), full duplex
+                bound = f"c + (n/k) M/B = {1e3 * (c + max(1, WORKERS / SERVERS) * m / cell['rate_Bps']):.0f} ms"
             elif name != "sync" and cell["rate_Bps"]:
                 bound = f"c = {1e3 * c:.0f} ms (utilisation 1.0)"
-            lines.append(f"| {link} | {label} | {1e3 * step:,.0f} | {util:.3f} | {wire / 1e6:,.3f} MB | "
-                         f"{wire / args.tokens:,.1f} | {sync_bytes / wire:,.1f}x | {bound} |")
+            pu, pf = pred.get(name, (None, None))
+            lines.append(f"| {link} | {label} | {1e3 * step:,.0f} | {util:.3f} | "
+                         f"{'' if pu is None else f'{pu:.3f}'} | {wire / 1e6:,.3f} MB | "
+                         f"{wire / args.tokens:,.1f} | {sync_bytes / wire:,.1f}x | "
+                         f"{'' if pf is None else f'{pf:,.1f}x'} | {bound} |")
     lines += ["", "Goals (issue 29, item 5): streaming DiLoCo's compute utilisation >= 90 % where synchronous "
               "push_pull gets what it gets, and >= 100x fewer bytes per token than synchronous."]
     return "\n".join(lines)

@@ -65,3 +65,18 @@ class OuterSGD:
             d = g
         self.params -= self.dtype.type(self.lr) * d
         return self.params
+
+
+def fragments(sizes: list[int], count: int) -> list[list[int]]:
+    """Streaming DiLoCo's fragments: ``count`` contiguous groups of parameter indices of about equal total
+    size, none empty (the runtime's, pushpull.torch.diloco, and the simulator's, pushpull.sim.diloco)."""
+    total, out, cur, acc = sum(sizes), [], [], 0
+    for i, n in enumerate(sizes):
+        cur.append(i)
+        acc += n
+        left_groups, left_params = count - len(out) - 1, len(sizes) - i - 1
+        if left_groups and (acc >= total * (len(out) + 1) / count or left_params == left_groups):
+            out.append(cur)
+            cur = []
+    out.append(cur)
+    return out

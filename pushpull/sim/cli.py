@@ -388,7 +388,57 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default=DEFAULTS.backend, choices=("ps", "allreduce", "any"),
                    help="ps, allreduce, or any (compare both)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--diloco", action="store_true",
+                   help="also plan DiLoCo / local SGD (PS backend): the smallest sync_every H, and the fragments, "
+                        "overlap and codec, that keep compute utilisation at --target or above")
+    p.add_argument("--target", default="0.9", help="with --diloco: the compute utilisation to keep (default 0.9)")
     return p
+
+
+def _diloco_plan(prof, cluster, sync_step_s: float, target: float) -> dict:
+    """``pushpull plan --diloco``: print the DiLoCo grid's winner beside the synchronous plan."""
+    from pushpull.sim.diloco import plan_diloco
+
+    if cluster.backend != "ps":
+        raise CliError("--diloco: DiLoCo's outer optimizer runs on the servers; use --backend ps or any")
+    dp = plan_diloco(prof, cluster, target=target, sync_step_s=sync_step_s)
+    c = dp.best_compute
+    out = {"target": target, "sync_utilisation": dp.sync_utilisation, "sync_step_s": sync_step_s}
+    if dp.best is None:
+        top = max(dp.results, key=lambda r: r.utilisation)
+        out.update(setting=None, best_utilisation=top.utilisation, best_setting=top.setting.describe())
+        return out
+    b = dp.best
+    st = b.setting
+    out.update(setting={"sync_every": st.sync_every, "fragments": st.fragments, "overlap": st.overlap,
+                        "codec": st.codec},
+               utilisation=b.utilisation, step_s=b.step_s, exchange_s=b.exchange_s, fewer_bytes=b.fewer_bytes,
+               compute_s=c)
+    return out
+
+
+def _print_diloco(d: dict) -> None:
+    print()
+    print(f"DiLoCo (outer optimizer on the servers), for compute utilisation >= {d['target']:.0%}; "
+          f"synchronous: {d['sync_utilisation']:.1%} ({d['sync_step_s'] * 1e3:.1f} ms per step)")
+    if d["setting"] is None:
+        print(f"  no setting of the grid reaches it: the best is {d['best_setting']} at "
+              f"{d['best_utilisation']:.1%}; the link is too slow for this model even once per 500 steps")
+        return
+    st = d["setting"]
+    args = [f"sync_every={st['sync_every']}"]
+    if st["fragments"] > 1:
+        args.append(f"fragments={st['fragments']}")
+    if st["overlap"]:
+        args.append(f"overlap={st['overlap']}")
+    if st["codec"] != "none":
+        args.append(f"compression=bps.Compression.build({st['codec']!r})")
+    print(f"  recommendation: bps.DiLoCo(inner, model.named_parameters(), {', '.join(args)})")
+    print(f"  predicted: {d['utilisation']:.1%} utilisation, {d['step_s'] * 1e3:.1f} ms per inner step "
+          f"(compute {d['compute_s'] * 1e3:.1f} ms), one exchange {d['exchange_s'] * 1e3:.0f} ms, "
+          f"{d['fewer_bytes']:.0f}x fewer bytes than synchronous")
+    print("  why this one: the smallest H that keeps the target (closest to synchronous training), then no "
+          "codec before int8, then the fewest fragments, each with the shortest overlap that hides its exchange")
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -419,9 +469,16 @@ def _plan(a) -> int:
         plans.append(p)
     best = min(plans, key=lambda p: p.best.iteration_s)
     env = plan_env(best)
+    diloco = None
+    if a.diloco:
+        ps = next((p for p in plans if p.cluster.backend == "ps"), None)
+        if ps is None:
+            raise CliError("--diloco: DiLoCo's outer optimizer runs on the servers; use --backend ps or any")
+        diloco = _diloco_plan(prof, ps.cluster, best.best.iteration_s,
+                              _float(a.target, "--target", strict=True))
     if a.json:
         print(json.dumps({
-            "env": env,
+            "env": env, **({"diloco": diloco} if diloco is not None else {}),
             "backend": best.cluster.backend, "strategy": best.best_strategy.name,
             "partition_bytes": getattr(best.best_strategy, "partition_bytes", None),
             "credit_bytes": _num(getattr(best.best_strategy, "credit_bytes", None)),
@@ -450,6 +507,8 @@ def _plan(a) -> int:
           f"gain over wfbp {best.gain:.2f}x")
     print(f"  why: {best.reason}")
     print(f"  apply it: {' '.join(f'{k}={v}' for k, v in env.items())}")
+    if diloco is not None:
+        _print_diloco(diloco)
     return 0
 
 

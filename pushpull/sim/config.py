@@ -317,10 +317,17 @@ class Compression:
     compress_s_per_byte: float = 0.0
     decompress_s_per_byte: float = 0.0
     min_compress_bytes: int = DEFAULTS.min_compress_bytes
+    # the pulls' ratio; None: the same as the pushes'. DiLoCo's outer keys answer with whole parameters
+    # (pushpull/server/server.py), so their exchange is compressed one way only: 1.0
+    answer_ratio: float | None = None
 
     def __post_init__(self):
-        if not (self.ratio > 0) or math.isinf(self.ratio):
-            raise ValueError(f"compression ratio must be a finite number > 0, got {self.ratio!r}")
+        for name in ("ratio", "answer_ratio"):
+            v = getattr(self, name)
+            if name == "answer_ratio" and v is None:
+                continue
+            if not (v > 0) or math.isinf(v):
+                raise ValueError(f"compression {name} must be a finite number > 0, got {v!r}")
         for name in ("compress_s_per_byte", "decompress_s_per_byte"):
             v = getattr(self, name)
             if not (v >= 0) or math.isinf(v):
@@ -330,6 +337,10 @@ class Compression:
 
     def applies(self, tensor_bytes: int) -> bool:
         return tensor_bytes >= self.min_compress_bytes
+
+    @property
+    def pull_ratio(self) -> float:
+        return self.ratio if self.answer_ratio is None else self.answer_ratio
 
 
 @dataclass

@@ -108,11 +108,13 @@ class SimResult:
 # ---------------------------------------------------------------------------
 
 class _TaskState:
-    __slots__ = ("task", "seq", "raw", "payload", "codec", "pieces_left", "acks_left", "holds_credit", "rec",
+    __slots__ = ("task", "seq", "raw", "payload", "answer", "codec", "pieces_left", "acks_left", "holds_credit", "rec",
                  "layers", "dtype")
 
-    def __init__(self, task: CommTask, seq: int, raw: int, payload: float, codec: float, layers):
+    def __init__(self, task: CommTask, seq: int, raw: int, payload: float, codec: float, layers,
+                 answer: float | None = None):
         self.task, self.seq, self.raw, self.payload, self.codec = task, seq, raw, payload, codec
+        self.answer = payload if answer is None else answer   # the pull's bytes
         self.pieces_left = 0
         self.acks_left = 0
         self.holds_credit = False
@@ -146,6 +148,7 @@ class CommPhase:
         for j, t in enumerate(tasks):
             raw = 0
             payload = 0.0
+            answer = 0.0
             codec = 0.0
             layers: dict[int, int] = {}
             for ti, b in t.parts:
@@ -157,10 +160,12 @@ class CommPhase:
                 layers[li] = layers.get(li, 0) + b
                 if comp is not None and comp.applies(tensor_bytes[ti]):
                     payload += b / comp.ratio
+                    answer += b / comp.pull_ratio
                     codec += b
                 else:
                     payload += b
-            st = _TaskState(t, j, raw, payload, codec, layers)
+                    answer += b
+            st = _TaskState(t, j, raw, payload, codec, layers, answer)
             kinds = {dtypes[ti] for ti, _ in t.parts}
             st.dtype = kinds.pop() if len(kinds) == 1 else "mixed"   # a mixed buffer fuses with nothing
             self.states.append(st)
@@ -334,7 +339,8 @@ class CommPhase:
             # balanced by bytes: the least-loaded server takes the piece
             s = min(range(cl.servers), key=lambda i: (self.server_load[i], i))
             self.server_load[s] += raw
-            piece = {"server": s, "raw": raw, "payload": st.payload * frac, "codec": st.codec * frac}
+            piece = {"server": s, "raw": raw, "payload": st.payload * frac, "answer": st.answer * frac,
+                     "codec": st.codec * frac}
             st.rec["pieces"].append(piece)
             go = self._message_cpu()
             if go > self.now:
@@ -380,7 +386,7 @@ class CommPhase:
             self._pull(st, piece)
 
     def _pull(self, st: _TaskState, piece: dict) -> None:
-        msg = Message(piece["payload"], lambda t, st=st, p=piece: self._pulled(st, p, t))
+        msg = Message(piece["answer"], lambda t, st=st, p=piece: self._pulled(st, p, t))
         piece["msg"] = msg
         self.net.send(("pull", piece["server"]), msg)
 

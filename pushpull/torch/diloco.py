@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from pushpull.outer import DEFAULTS, OuterSGD, settings
+from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
 from pushpull.torch import ops
 from pushpull.torch.functions import broadcast_parameters
 from pushpull.worker.engine import KeySpec
@@ -206,17 +206,3 @@ class DiLoCo:
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state["inner"])
         self.steps, self.rounds = int(state["steps"]), int(state["rounds"])
-
-
-def _fragments(sizes: list[int], count: int) -> list[list[int]]:
-    """``count`` contiguous groups of parameter indices of about equal total size, none empty."""
-    total, out, cur, acc = sum(sizes), [], [], 0
-    for i, n in enumerate(sizes):
-        cur.append(i)
-        acc += n
-        left_groups, left_params = count - len(out) - 1, len(sizes) - i - 1
-        if left_groups and (acc >= total * (len(out) + 1) / count or left_params == left_groups):
-            out.append(cur)
-            cur = []
-    out.append(cur)
-    return out

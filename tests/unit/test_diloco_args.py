@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pushpull.torch.diloco import _fragments
+from pushpull.outer import fragments as _fragments
 
 
 @pytest.fixture(scope="module")
