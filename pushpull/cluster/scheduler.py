@@ -79,6 +79,9 @@ class Scheduler:
         self._reset_body: dict = {}
         self._reset_waiting: set[bytes] = set()  # servers that have not acknowledged the last RESET
         self.joined: set[int] = set()  # workers that called join() since the last generation
+        self.max_workers: int | None = None  # elastic: the job's size at its start, the most a join refills
+        self._joining: list[NodeInfo] = []  # workers admitted into the job by the generation now being applied
+        self._join_queue: list[tuple[bytes, dict]] = []  # registrations that wait for a change to finish
 
     def run(self) -> int:
         log.info("scheduler listening on %s:%d, expecting %d server(s)", self.cfg.root_uri, self.port, self.num_servers)
@@ -144,7 +147,12 @@ class Scheduler:
             self._refuse(identity, f"{self.by_identity[identity].who} is registered already")
             return
         if self.ready:
-            self._refuse(identity, "the job is already running; a late node cannot join")
+            if role == "worker" and self.cfg.min_workers and not self.terminating:
+                self._late_worker(identity, info)
+            else:
+                self._refuse(identity, "the job is already running; a late node cannot join" + (
+                    "" if role != "worker" else " (a worker can, in an elastic job: PUSHPULL_MIN_WORKERS / "
+                                                "pushpull launch --min-workers)"))
             return
         if role == "server":
             if len(self.servers) >= self.num_servers:
@@ -179,19 +187,51 @@ class Scheduler:
                 and len(self.servers) == self.num_servers:
             self._start_job()
 
-    def _start_job(self) -> None:
-        self.ready = True
-        self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
+    def _late_worker(self, identity: bytes, info: dict) -> None:
+        """Elastic training: a worker that registers after the start (a replacement the launcher started, or
+        one started by hand) joins the running job as its last rank, up to the job's size at its start. Its
+        connections' identity is the rank it claims (unique among the live workers); servers learn it with
+        the new generation, and the worker gets its address book only once every server has applied it."""
+        if self._reset_waiting or self._joining:  # a change is being applied: this one follows it
+            self._join_queue.append((identity, info))
+            return
+        first = int(info.get("rank", -1))
+        taken = {int(w.info.get("rank", -1)) for w in self.workers.values()}
+        if first < 0 or first in taken:
+            self._refuse(identity, f"a late worker claims rank {first}, which a live worker registered with; "
+                                   f"start it with the rank of the worker it replaces (DMLC_WORKER_ID / "
+                                   f"BYTEPS_LOCAL_RANK), or any rank no live worker holds")
+            return
+        if len(self.workers) >= (self.max_workers or 0):
+            self._refuse(identity, f"the job has its {len(self.workers)} workers (its size at the start); a late "
+                                   f"worker only replaces a lost one")
+            return
+        node = NodeInfo(identity, "worker", len(self.workers), info)
+        self.workers[node.node_id] = node
+        self.by_identity[identity] = node
+        self.num_workers = len(self.workers)
+        self._joining.append(node)
+        log.warning("a late worker (pid %s on %s, registered as rank %d) comes into the running job as rank %d "
+                    "of %d", info.get("pid"), info.get("hostname"), first, node.node_id, self.num_workers)
+        self._new_generation(f"a late worker came in as rank {node.node_id}", {})
+
+    def _book(self, node: NodeInfo) -> dict:
+        # a server lost in an elastic job is left out (its partitions moved); the others keep their index
         servers = [{"rank": i, "host": s.info["host"], "port": s.info["port"],
-                    "lane": s.info.get("lane"), "ipc": s.info.get("ipc")} for i, s in enumerate(self.servers)]
+                    "lane": s.info.get("lane"), "ipc": s.info.get("ipc")} for i, s in enumerate(self.servers)
+                   if not s.dead]
         workers = [{"rank": r, "hostname": w.info.get("hostname"), "local_rank": w.info.get("local_rank"),
                     "pid": w.info.get("pid"), "local_reduce": w.info.get("local_reduce")}
                    for r, w in sorted(self.workers.items())]
+        return {"node_id": node.node_id, "num_workers": self.num_workers, "num_servers": self.num_servers,
+                "job_id": self.job_id, "gen": self.gen, "servers": servers, "workers": workers}
+
+    def _start_job(self) -> None:
+        self.ready = True
+        self.max_workers = self.num_workers
+        self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
         for node in self._all():
-            book = {"node_id": node.node_id, "num_workers": self.num_workers, "num_servers": self.num_servers,
-                    "job_id": self.job_id,
-                    "servers": servers, "workers": workers}
-            self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(book)])
+            self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(self._book(node))])
         log.info("job started: %d workers, %d servers", self.num_workers, self.num_servers)
 
     # ------------------------------------------------------------ barrier --
@@ -395,8 +435,12 @@ class Scheduler:
             self._reset_workers()
 
     def _reset_workers(self) -> None:
+        joining, self._joining = self._joining, []
         for w in self.workers.values():
-            self._send(w, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
+            if w in joining:  # its address book, now that every server maps its connections
+                self._send(w, Header(MsgType.REGISTER_ACK), [encode_json(self._book(w))])
+            else:
+                self._send(w, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
         # barriers the lost worker had not reached may now be complete
         for (group, seq), arrived in list(self.barriers.items()):
             members = list(self.workers.values()) if group == "worker" else self._all()
@@ -404,6 +448,10 @@ class Scheduler:
                 for m in members:
                     self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
                 del self.barriers[(group, seq)]
+        queued, self._join_queue = self._join_queue, []
+        for identity, info in queued:  # late workers that registered while this change was applied
+            if identity not in self.by_identity:
+                self._late_worker(identity, info)
 
     def _finish(self, node: NodeInfo) -> None:
         node.finished = True

@@ -34,12 +34,17 @@ CULPRIT = re.compile(r"pushpull-culprit pid=(\d+): (.*)")  # printed by a node w
 _LAUNCHER_PID = os.getpid()
 
 
+RESTART_DELAY_S = 1.0  # --restart-workers: a replacement starts this long after its worker was lost
+
+
 @dataclass
 class Child:
     label: str
     proc: subprocess.Popen
     is_worker: bool
     reader: threading.Thread | None = None
+    argv: list | None = None  # how it was started (a lost worker's replacement starts the same way)
+    env: dict | None = None
 
 
 def _die_with_parent() -> None:
@@ -74,9 +79,11 @@ def _signal_name(code: int) -> str:
 class Supervisor:
     """Starts children, relays their output, and tears everything down on failure."""
 
-    def __init__(self, prefix_output: bool = True, min_workers: int = 0):
+    def __init__(self, prefix_output: bool = True, min_workers: int = 0, restart_workers: int = 0):
         self.children: list[Child] = []
         self.min_workers = min_workers  # elastic: workers may die while at least this many remain
+        self.restarts_left = restart_workers  # elastic: lost workers replaced, at most this many in all
+        self._restart_at: list[tuple[float, Child]] = []  # (when, the lost worker) replacements due
         self.lost: list[Child] = []
         self.prefix_output = prefix_output
         self.out_lock = threading.Lock()
@@ -86,7 +93,7 @@ class Supervisor:
     def start(self, label: str, argv: list[str], env: dict, is_worker: bool) -> Child:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-        child = Child(label, proc, is_worker)
+        child = Child(label, proc, is_worker, argv=list(argv), env=dict(env))
         child.reader = threading.Thread(target=self._relay, args=(child,), daemon=True)
         child.reader.start()
         self.children.append(child)
@@ -118,6 +125,20 @@ class Supervisor:
                 return (f"{c.label} (pid {c.proc.pid}) failed first: {self.blamed[c.proc.pid]} [{state}]; "
                         f"{exited} because of it; stopping the others")
         return f"{exited}; stopping the others"
+
+    def _start_due_replacements(self) -> None:
+        """--restart-workers: start a lost worker's replacement, the same command and environment, which joins
+        the running job as its last rank (docs/elastic.md); not once the other workers have finished."""
+        now = time.monotonic()
+        for item in [r for r in self._restart_at if r[0] <= now]:
+            self._restart_at.remove(item)
+            lost = item[1]
+            running = [w for w in self.children if w.is_worker and w not in self.lost and w.proc.poll() is None]
+            if not running:
+                continue
+            n = sum(1 for w in self.children if w.label.startswith(lost.label.split(" (")[0]))
+            new = self.start(f"{lost.label.split(' (')[0]} (replacement {n})", lost.argv, lost.env, True)
+            self.say(f"started {new.label} (pid {new.proc.pid}) for {lost.label}; it joins the running job")
 
     def say(self, text: str) -> None:
         with self.out_lock:
@@ -169,6 +190,10 @@ class Supervisor:
                             self.lost.append(c)
                             self.say(f"{c.label} (pid {c.proc.pid}) exited with {_signal_name(code)}; going on "
                                      f"with {len(left)} workers (--min-workers {self.min_workers})")
+                            if self.restarts_left > 0:
+                                self.restarts_left -= 1
+                                # after the scheduler has let it go (its connection closed: milliseconds)
+                                self._restart_at.append((time.monotonic() + RESTART_DELAY_S, c))
                             continue
                     if code != 0 and c.label.startswith("server") and self.min_workers:
                         left = [x for x in self.children if x.label.startswith("server") and x not in self.lost
@@ -183,6 +208,7 @@ class Supervisor:
                         self.say(self._blame(c, code))
                         self.kill_all()
                         return code if code > 0 else 128 + (-code)
+                self._start_due_replacements()
                 workers = [c for c in self.children if c.is_worker and c not in self.lost]
                 if workers_done_at is None and all(w.proc.poll() == 0 for w in workers):
                     workers_done_at = time.monotonic()
@@ -220,7 +246,8 @@ def ensure_job_secret(env: dict) -> None:
 
 
 def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = None,
-                 env_extra: dict | None = None, prefix_output: bool = True, min_workers: int = 0) -> int:
+                 env_extra: dict | None = None, prefix_output: bool = True, min_workers: int = 0,
+                 restart_workers: int = 0) -> int:
     """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine (elastic with
     ``min_workers`` > 0: the job goes on while that many workers are alive)."""
     port = port or free_port()
@@ -242,7 +269,7 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",
                    "DMLC_NUM_SERVER": str(servers), "DMLC_WORKER_ID": "0", "BYTEPS_LOCAL_SIZE": str(workers),
                    "DMLC_NODE_HOST": "127.0.0.1"})
-    sup = Supervisor(prefix_output, min_workers)
+    sup = Supervisor(prefix_output, min_workers, restart_workers)
     _install_term_handler(sup)
     py = sys.executable
     need_cluster = workers > 1 or common.get("BYTEPS_FORCE_DISTRIBUTED", "0") not in ("0", "")
@@ -326,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with role and rank")
     p.add_argument("--min-workers", type=int, default=0,
                    help="elastic training: go on while at least this many workers are alive (docs/elastic.md)")
+    p.add_argument("--restart-workers", type=int, default=0, metavar="N",
+                   help="elastic training (with --min-workers): start a replacement for a lost worker, N times "
+                        "at most in all; it joins the running job (docs/elastic.md)")
     p.add_argument("command", nargs="*", help="the worker command (put it after --)")
     dashdash = bool(cmd)
     args, unknown = p.parse_known_args(argv)
@@ -354,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"the worker command {cmd[0]!r} was not found (not an executable file, not on PATH)")
     if args.min_workers < 0 or args.min_workers > workers:
         p.error(f"--min-workers must be between 0 and --workers ({workers})")
-    return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix, args.min_workers)
+    if args.restart_workers < 0 or (args.restart_workers and not args.min_workers):
+        p.error("--restart-workers N needs --min-workers M (a replacement joins an elastic job) and N >= 0")
+    return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix, args.min_workers,
+                        args.restart_workers)
 
 
 def bpslaunch_main() -> None:

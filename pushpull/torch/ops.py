@@ -101,6 +101,7 @@ def init(config: Config | None = None) -> None:
         engine = Engine(cfg, ident)
         engine.on_reset.append(_on_workers_changed)
         engine.start()
+        _state.rank, _state.size = engine.rank, engine.size  # a late worker of an elastic job: the job's
         _state.engine = engine
         atexit.register(_leave)
         _watch_uncaught()

@@ -84,6 +84,7 @@ class Engine:
         self._join_last = -1
         self.joined_ranks: set[int] = set()  # ranks in join() now (the scheduler's JOINED), for join()'s error
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
+        self.joined_late = False  # registered after its elastic job had started (a replacement)
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
         self.local_reason = ""  # why not, when local_size > 1 and it is off
@@ -133,13 +134,22 @@ class Engine:
             self.pipeline.pool = ThreadPoolExecutor(self.cfg.threadpool_size, thread_name_prefix="pushpull-codec")
         self.van.start()
         book = self.member.register()
+        if int(book["node_id"]) != self.first_rank or int(book.get("gen", 0)):
+            # a late worker of an elastic job: the job's rank, size and generation are its own from now on (its
+            # connections keep the identity of the rank it registered with, which the servers map)
+            self.kv.gen = int(book.get("gen", 0))
+            self.kv.rank = int(book["node_id"])
+            self.averager.resize(int(book["num_workers"]))
+            self.joined_late = True
+            log.warning("worker joined the running job as rank %d of %d (generation %d)", self.rank, self.size,
+                        self.gen)
         self.num_servers = int(book["num_servers"])
         self.servers_local = all(str(s["host"]).startswith("127.") or s["host"] == "localhost"
                                  for s in book["servers"])
         if not self._credit_set:
             self._use_default_credit()
         # also used to ask a server which ranks a timed-out wait is missing (PUSHPULL_DIRECT_BYTES=0 or not)
-        self.direct = DirectPath(self.van.ctx, self.rank,
+        self.direct = DirectPath(self.van.ctx, self.first_rank,
                                  {f"s{s['rank']}": f"tcp://{s['host']}:{s['port']}" for s in book["servers"]},
                                  auth=self.van.auth,
                                  lanes={f"s{s['rank']}": str(s["lane"]) for s in book["servers"]
@@ -148,7 +158,8 @@ class Engine:
         self.server_addrs = {f"s{s['rank']}": server_address(s, self.cfg.local_ipc) for s in book["servers"]}
         for s in book["servers"]:
             self.van.connect_dealer(f"s{s['rank']}", self.server_addrs[f"s{s['rank']}"],
-                                    worker_identity(self.rank), self.kv.on_server_message, host=str(s["host"]))
+                                    worker_identity(self.first_rank), self.kv.on_server_message,
+                                    host=str(s["host"]))
         self._open_data_lanes(book)
         # servers reached over their Unix socket share a host, so may share memory too (pushpull.transport.shm);
         # not with elastic training, which renumbers ranks and so a region's slots
@@ -178,7 +189,7 @@ class Engine:
             if not s.get("lane") or not self.server_addrs[sock].startswith("tcp://"):
                 continue  # no lane offered, or an ipc socket (and its shared memory) on this host
             try:
-                client = LaneClient(str(s["lane"]), worker_identity(self.rank), lane_key(self.van.auth),
+                client = LaneClient(str(s["lane"]), worker_identity(self.first_rank), lane_key(self.van.auth),
                                     min(self.cfg.register_timeout, self.cfg.timeout),
                                     max_message=self.cfg.max_message_bytes,
                                     alive=lambda: self.member.failure,

@@ -48,6 +48,39 @@ def test_launcher_says_the_job_goes_on(suicide_job):
     assert re.search(r"worker 1 \(pid \d+\) exited with signal SIGKILL; going on with 2 workers", suicide_job)
 
 
+@pytest.fixture(scope="module")
+def replacement_job() -> str:
+    """As suicide_job, with --restart-workers 1 and slow steps: the launcher starts a replacement for the lost
+    worker, which joins the running job (issue 30, item 1)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--restart-workers", "1", "--env", "ELASTIC_KILL=worker", "--env", "ELASTIC_STEP_SLEEP=0.3", "--",
+            sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    return out
+
+
+def test_the_launcher_starts_a_replacement_for_a_lost_worker(replacement_job):
+    assert re.search(r"started worker 1 \(replacement 1\) \(pid \d+\) for worker 1", replacement_job), \
+        replacement_job[-3000:]
+
+
+def test_the_replacement_joins_as_the_last_rank_and_all_three_finish(replacement_job):
+    """Every worker checks at the end that the parameters are identical on all and that sums declared before
+    the change are exact with the replacement's contribution (tests/scripts/elastic_worker.py)."""
+    assert replacement_job.count("ALL-OK") == 3, replacement_job[-3000:]
+    ranks = sorted(re.findall(r"ELASTIC rank (\d)->(\d) size (\d) .* late (\w+)", replacement_job))
+    assert ranks == [("0", "0", "3", "False"), ("1", "2", "3", "True"), ("2", "1", "3", "False")], \
+        replacement_job[-3000:]
+
+
+def test_the_survivors_restored_once_per_change(replacement_job):
+    # the loss, then the join: two restores each; the replacement starts from rank 0's state (no restore)
+    assert replacement_job.count("resets 2 sizes") == 2, replacement_job[-3000:]
+    assert "resets 0 sizes" in replacement_job and "late True" in replacement_job, replacement_job[-3000:]
+
+
 def test_too_few_workers_left_ends_the_job():
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "1", "--min-workers", "3",
             "--", sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]

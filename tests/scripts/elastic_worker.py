@@ -11,6 +11,7 @@ import torch
 import pushpull.torch as bps
 
 KILL = os.environ.get("ELASTIC_KILL", "worker")  # what dies mid-run: this script's rank 1, or a server
+STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))  # slow steps, so a replacement joins mid-run
 
 
 def kill_a_server() -> None:
@@ -31,11 +32,14 @@ def kill_a_server() -> None:
 
 
 bps.init()
-first_rank = bps.rank()
+late = bps.engine().joined_late  # a replacement (--restart-workers): it joined the running job
+first_rank = bps.engine().first_rank
+print(f"START first rank {first_rank} rank {bps.rank()} size {bps.size()} late {late}", flush=True)
 # tensors declared before the loss (some of them live on the server that dies): their sums must stay exact
 checks = {f"elastic.sum{i}": torch.full((3000,), float(first_rank + i)) for i in range(6)}
 for name, t in checks.items():
-    bps.push_pull(t, average=False, name=name)
+    if not late:  # the others declared them before it came
+        bps.push_pull(t, average=False, name=name)
 torch.manual_seed(first_rank)
 model = torch.nn.Linear(8, 1)
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
@@ -53,7 +57,8 @@ def train(state):
         state.sizes = state.sizes + [size]
         idx = torch.arange(rank, 600, size)
         for step in range(10):
-            if first_rank == 1 and state.epoch == 2 and step == 4 and KILL == "worker":
+            time.sleep(STEP_SLEEP)
+            if first_rank == 1 and state.epoch == 2 and step == 4 and KILL == "worker" and not late:
                 print("VICTIM dies now", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if first_rank == 0 and state.epoch == 2 and step == 4 and KILL == "server" and not state.resets:
@@ -80,7 +85,8 @@ for i, (name, t) in enumerate(checks.items()):  # each survivor pushes first_ran
     if not torch.equal(got, torch.full_like(t, want)):
         print(f"FAIL: {name} summed to {got[0].item()}, want {want}", flush=True)
         sys.exit(3)
-print(f"ELASTIC rank {first_rank}->{bps.rank()} size {bps.size()} resets {state.resets} sizes {state.sizes}",
+print(f"ELASTIC rank {first_rank}->{bps.rank()} size {bps.size()} resets {state.resets} sizes {state.sizes} "
+      f"late {late}",
       flush=True)
 bps.shutdown()
 print("ALL-OK", flush=True)
