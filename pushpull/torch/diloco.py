@@ -31,7 +31,7 @@ from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
 from pushpull.torch import ops
 from pushpull.torch.functions import broadcast_parameters
 from pushpull.worker.engine import KeySpec
-from pushpull.worker.handle import WorkersChanged
+from pushpull.worker.handle import PushPullError, WorkersChanged
 
 MAX_RETRIES = 3  # changes of the workers one outer round goes through before it gives up
 
@@ -79,6 +79,12 @@ class DiLoCo:
         self._global: list[torch.Tensor] = []
         self._ids = 0        # outer rounds started: each round's id (the start is 1)
         self.changes = 0     # changes of the workers taken during outer rounds (elastic training)
+        eng = ops.engine()
+        if eng is not None and eng.joined_late:
+            raise PushPullError(f"{name}: this worker came into a running job (rank {ops.rank()} of {ops.size()}); "
+                                f"DiLoCo takes workers that leave, not ones that join a running job yet "
+                                f"(docs/diloco.md)")
+        self._size = ops.size()
         self._start()
 
     @property
@@ -124,7 +130,18 @@ class DiLoCo:
             return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=rid)
         except WorkersChanged:  # reported once: the second call goes out
             self.changes += 1
+            self._no_newcomer()
             return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=rid)
+
+    def _no_newcomer(self) -> None:
+        """A worker that came into the running job (elastic training with a replacement) would be expected in
+        every round from now on but cannot know where the others are in their schedule: fail at once, naming
+        it, rather than wait out the round's deadline. Leaving workers are taken (docs/diloco.md)."""
+        if ops.size() > self._size:
+            raise PushPullError(f"{self.name}: a worker came into the running job ({self._size} -> {ops.size()} "
+                                f"workers); DiLoCo takes workers that leave, not ones that join a running job "
+                                f"yet: run it without --restart-workers (docs/diloco.md)")
+        self._size = ops.size()
 
     def _finish(self, started: tuple, mixed: bool) -> None:
         """The new global parameters arrive: into this worker's copy of them, and into the parameters
@@ -147,6 +164,7 @@ class DiLoCo:
                 raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times during outer round "
                                      f"{rid}: {lost}")
             self.changes += 1
+            self._no_newcomer()
             handles = [self._push(i, t, rid) for i, t in zip(idx, tensors)]
         with torch.no_grad():
             for i, out in zip(idx, outs):

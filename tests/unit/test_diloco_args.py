@@ -57,3 +57,15 @@ def test_one_worker_takes_the_outer_steps_itself(bps):
                                               ([1, 2, 3], 3, [[0], [1], [2]])])
 def test_fragments_are_contiguous_balanced_and_never_empty(sizes, count, want):
     assert _fragments(sizes, count) == want
+
+
+def test_a_worker_that_came_into_a_running_job_is_refused_naming_why(bps, monkeypatch):
+    """DiLoCo takes leaving workers, not joining ones (yet): a late worker fails at once instead of leaving the
+    others' next round waiting for it."""
+    from types import SimpleNamespace
+
+    from pushpull.torch import ops
+
+    monkeypatch.setattr(ops, "engine", lambda: SimpleNamespace(joined_late=True))
+    with pytest.raises(bps.PushPullError, match="join a running job"):
+        _make(bps)
