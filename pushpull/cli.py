@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("pushpull.emulate.cli:main", "emulated cluster on network namespaces: check, measure, launch, "
                                              "torch, cleanup"),
     "config": ("pushpull.config:main", "print every setting, its environment variables and current value"),
+    "top": ("pushpull.top:main", "a running job live in the terminal, from its Prometheus endpoints "
+                                 "(PUSHPULL_METRICS_PORT)"),
 }
 
 

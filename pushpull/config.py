@@ -394,6 +394,14 @@ SETTINGS: tuple[Setting, ...] = (
     S("trace_start_step", ["BYTEPS_TRACE_START_STEP"], 10, _int_min(0), "integer >= 0", "First traced step."),
     S("trace_end_step", ["BYTEPS_TRACE_END_STEP"], 20, _int_min(0), "integer >= 0", "Last traced step."),
     S("trace_dir", ["BYTEPS_TRACE_DIR"], "./trace", _str, "directory", "Where timelines are written."),
+    S("metrics_port", [], 0, _int_min(0), "integer >= 0 (0 = off)",
+      "A Prometheus endpoint (http://HOST:PORT/metrics; needs the [metrics] extra, prometheus_client) on every "
+      "worker and server: worker rank r (the rank it registered with) listens on this port + r, server k on "
+      "this port + 500 + k. Step time, bytes pushed and pulled, operations in flight, the job's size and "
+      "generation; a server's keys, rounds, queue depth and late pushes (docs/metrics.md)."),
+    S("metrics_host", [], "127.0.0.1", _str, "host name or IP, or 0.0.0.0",
+      "Where the Prometheus endpoints listen: loopback by default (the figures name the job's tensors and "
+      "machines); the node's own address, or 0.0.0.0, for a Prometheus server on another machine."),
     # --- auto-tuning (pushpull.torch.autotune)
     S("autotune", [], False, _bool, "0 | 1",
       "Tune partition size and credit online by Bayesian optimisation; rank 0 decides, every worker applies "
@@ -499,6 +507,8 @@ class Config:
     trace_start_step: int
     trace_end_step: int
     trace_dir: str
+    metrics_port: int
+    metrics_host: str
     # --- auto-tuning
     autotune: bool
     autotune_startup_trials: int

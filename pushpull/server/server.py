@@ -17,6 +17,7 @@ import time
 import numpy as np
 import zmq
 
+from pushpull import metrics
 from pushpull.cluster import nodes
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError, Member
@@ -136,6 +137,10 @@ class Server:
             return 1
         log.info("%s ready on %s:%d for %d workers", nodes.describe(self.node_id), self.host, self.port,
                  self.num_workers)
+        index = self.node_id - nodes.SERVER_BASE
+        endpoint = metrics.start("server", self.cfg.metrics_port + metrics.SERVER_PORT_OFFSET + index,
+                                 self.cfg.metrics_host, self.metrics_samples,
+                                 {"role": "server", "server": index}) if self.cfg.metrics_port else None
         code = 0
         try:
             while not self.member.terminated.wait(0.2):
@@ -148,6 +153,7 @@ class Server:
         summary = self.dropped_summary()
         if summary:
             log.warning("%s: %s", nodes.describe(self.node_id), summary)
+        metrics.stop(endpoint)
         for q in self.engines:
             q.put(None)
         self.van.stop()
@@ -433,6 +439,22 @@ class Server:
                     f"combine: a round that completes without a machine would leave its local peers without "
                     f"their slice; set PUSHPULL_LOCAL_REDUCE=0 to use PUSHPULL_BACKUP_WORKERS={backup}")
         return None
+
+    def metrics_samples(self) -> list:
+        """PUSHPULL_METRICS_PORT's figures of this server (pushpull.metrics), read when Prometheus scrapes (a
+        glance from another thread: the dicts are copied before they are walked)."""
+        keys = list(self.keys.values())
+        return [("pushpull_server_keys", "gauge", "keys (partitions) this server holds", len(keys)),
+                ("pushpull_server_declarations_pending", "gauge", "keys declared by some workers, not yet all",
+                 len(self.pending_inits)),
+                ("pushpull_server_rounds", "gauge", "rounds completed over every key in this generation",
+                 sum(ks.completed for ks in keys)),
+                ("pushpull_server_queue_depth", "gauge", "requests queued for the summation threads",
+                 sum(q.qsize() for q in self.engines)),
+                ("pushpull_server_late_pushes_total", "counter", "late pushes dropped (backup workers)",
+                 sum(sum(ks.dropped.values()) for ks in keys)),
+                ("pushpull_workers", "gauge", "the job's workers now", self.num_workers),
+                ("pushpull_generation", "gauge", "changes of the job's workers so far (elastic)", self.gen)]
 
     def dropped_summary(self) -> str:
         """Late pushes dropped per key and rank (backup workers), for the log at shutdown."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from pushpull import metrics
 from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
 from pushpull.torch import ops
 from pushpull.torch.functions import broadcast_parameters
@@ -202,6 +203,7 @@ class DiLoCo:
     def step(self, closure=None):
         loss = self.inner.step(closure)
         self.steps += 1
+        metrics.step_done()
         for f in [f for f, (due, _) in self._inflight.items() if due <= self.steps]:
             self._finish(self._inflight.pop(f)[1], mixed=True)
         h, count = self.sync_every, len(self.fragments)

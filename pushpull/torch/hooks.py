@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pushpull import metrics
 from pushpull.worker import trace as _trace
 
 _ATTR = "_pushpull_step_callbacks"
@@ -39,4 +40,5 @@ def step_done(opt) -> None:
     included)."""
     if _trace.TRACER is not None:
         _trace.TRACER.end_step()
+    metrics.step_done()
     run_step_callbacks(opt)

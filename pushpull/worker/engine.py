@@ -23,6 +23,7 @@ import torch
 import zmq
 
 from pushpull.cluster.address import server_address
+from pushpull import metrics
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
 from pushpull.config import (
@@ -90,6 +91,7 @@ class Engine:
         self.local_reason = ""  # why not, when local_size > 1 and it is off
         self.data_lanes: dict[str, str] = {}  # server socket -> "sealed" / "plain": its pushes and pulls go by lane
         self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
+        self.metrics = None  # the Prometheus endpoint (PUSHPULL_METRICS_PORT)
 
     # ------------------------------------------------------------ the layers' state, by its old names --
     rank = property(lambda self: self.kv.rank, doc="this worker's rank (changes when the workers change)")
@@ -171,6 +173,22 @@ class Engine:
         self._start_local_reduce(book)
         self.started = True
         log.info("worker %d/%d connected to %d server(s)", self.rank, self.size, self.num_servers)
+        if self.cfg.metrics_port:
+            self.metrics = metrics.start("worker", self.cfg.metrics_port + self.first_rank, self.cfg.metrics_host,
+                                         self.metrics_samples, {"role": "worker", "first_rank": self.first_rank})
+
+    def metrics_samples(self) -> list:
+        """PUSHPULL_METRICS_PORT's figures of this worker (pushpull.metrics), read when Prometheus scrapes."""
+        st = self.stats
+        return [("pushpull_bytes_pushed_total", "counter", "payload bytes pushed to the servers", st["bytes_pushed"]),
+                ("pushpull_bytes_pulled_total", "counter", "payload bytes pulled from the servers", st["bytes_pulled"]),
+                ("pushpull_partitions_total", "counter", "partitions pushed and pulled", st["partitions"]),
+                ("pushpull_errors_total", "counter", "operations that failed", st["errors"]),
+                ("pushpull_ops_in_flight", "gauge", "partitions on the wire now", len(self.kv.inflight)),
+                ("pushpull_rank", "gauge", "this worker's rank now (elastic training renumbers)", self.rank),
+                ("pushpull_workers", "gauge", "the job's workers now", self.size),
+                ("pushpull_generation", "gauge", "changes of the job's workers so far (elastic)", self.gen),
+                *metrics.STEPS.samples()]
 
     def _open_data_lanes(self, book: dict) -> None:
         """Carry the pushes and pulls to each server reached over TCP through a lane (PUSHPULL_DATA_LANE;
@@ -231,6 +249,8 @@ class Engine:
 
     def stop(self) -> None:
         """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
+        metrics.stop(self.metrics)
+        self.metrics = None
         if self.local is not None:
             self.local.close()
         for close in self.closers:

@@ -1,0 +1,95 @@
+"""Live metrics for Prometheus (PUSHPULL_METRICS_PORT; the ``[metrics]`` extra, prometheus_client).
+
+Why a collector read at scrape time, not counters updated on the data path: the engine and the server keep
+their own figures already (bytes, partitions, rounds, queues), so a scrape reads them when Prometheus asks
+and the data path pays nothing. Step times come from the optimizer wrappers' ``step()``
+(:func:`step_done`). Where they listen: PUSHPULL_METRICS_HOST, loopback by default (docs/metrics.md).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+SERVER_PORT_OFFSET = 500  # server k listens on PUSHPULL_METRICS_PORT + 500 + k; worker r on + r
+
+# (name, kind, help, value): what a role's collect function returns; kind is "gauge" or "counter"
+Sample = tuple[str, str, str, float]
+
+
+class _Steps:
+    """The training thread's steps, as the optimizer wrappers report them."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.count = 0
+        self.last_end: float | None = None
+        self.last_s = 0.0
+        self.total_s = 0.0
+
+    def done(self) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            if self.last_end is not None:
+                self.last_s = now - self.last_end
+                self.total_s += self.last_s
+            self.count += 1
+            self.last_end = now
+
+    def samples(self) -> list[Sample]:
+        with self.lock:
+            return [("pushpull_steps_total", "counter", "training steps taken (optimizer step() calls)", self.count),
+                    ("pushpull_step_seconds", "gauge", "wall time of the last training step", self.last_s),
+                    ("pushpull_step_seconds_total", "counter", "wall time of every step but the first",
+                     self.total_s)]
+
+
+STEPS = _Steps()
+
+
+def step_done() -> None:
+    """A training step ended (called by every optimizer wrapper's step())."""
+    STEPS.done()
+
+
+def start(role: str, port: int, host: str, collect: Callable[[], list[Sample]], labels: dict) -> object | None:
+    """Serve ``collect()``'s samples, labelled with ``labels`` (role, rank), on http://host:port/metrics; None
+    (and a warning naming the fix) without prometheus_client or when the port is taken."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    except ImportError:
+        log.warning("PUSHPULL_METRICS_PORT=%d but prometheus_client is not installed: pip install "
+                    "'pushpull[metrics]'; no metrics from this %s", port, role)
+        return None
+    names = sorted(labels)
+
+    class Collector:
+        def collect(self):
+            for name, kind, text, value in collect():
+                if kind == "counter":
+                    fam = CounterMetricFamily(name.removesuffix("_total"), text, labels=names)
+                else:
+                    fam = GaugeMetricFamily(name, text, labels=names)
+                fam.add_metric([str(labels[k]) for k in names], float(value))
+                yield fam
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    try:
+        server = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        log.warning("no metrics endpoint for this %s: %s:%d: %s", role, host, port, e)
+        return None
+    log.info("%s metrics on http://%s:%d/metrics", role, host, port)
+    return server
+
+
+def stop(handle) -> None:
+    """Close an endpoint :func:`start` returned (prometheus_client >= 0.17 returns (server, thread))."""
+    if isinstance(handle, tuple) and handle and hasattr(handle[0], "shutdown"):
+        handle[0].shutdown()
+        handle[0].server_close()

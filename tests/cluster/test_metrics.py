@@ -1,0 +1,64 @@
+"""Live metrics (PUSHPULL_METRICS_PORT): every worker and server of a real job serves Prometheus's text
+format on loopback; the figures move with the training (docs/metrics.md)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pushpull.launch.cli import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("prometheus_client", reason="the [metrics] extra (prometheus_client) is not installed")
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict:
+    port = free_port()
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1",
+            "--env", f"PUSHPULL_METRICS_PORT={port}", "--", sys.executable,
+            str(ROOT / "tests" / "scripts" / "metrics_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and out.count("ALL-OK") == 2, out[-3000:]
+    got: dict = {}
+    for rank, who, name, value in re.findall(r"METRIC (\d) (\w+) (\w+) (\S+)", out):
+        got[(int(rank), who, name)] = float(value)
+    top = re.search(r"TOP-BEGIN\n(.*?)TOP-END", out, re.S)
+    got["top"] = re.sub(r"(?m)^\[worker \d\] ?", "", top.group(1)) if top else out[-3000:]
+    return got
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_worker_counts_its_steps_and_bytes(figures, rank):
+    assert figures[(rank, "worker", "pushpull_steps_total")] >= 6
+    assert figures[(rank, "worker", "pushpull_bytes_pushed_total")] > 0
+    assert figures[(rank, "worker", "pushpull_bytes_pulled_total")] > 0
+    assert figures[(rank, "worker", "pushpull_step_seconds")] > 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_worker_reports_the_job(figures, rank):
+    assert figures[(rank, "worker", "pushpull_workers")] == 2
+    assert figures[(rank, "worker", "pushpull_rank")] == rank
+    assert figures[(rank, "worker", "pushpull_generation")] == 0
+
+
+def test_the_server_reports_its_keys_and_rounds(figures):
+    assert figures[(0, "server", "pushpull_server_keys")] >= 2  # weight and bias
+    assert figures[(0, "server", "pushpull_server_rounds")] >= 2 * 6
+    assert figures[(0, "server", "pushpull_workers")] == 2
+    assert (0, "server", "pushpull_server_queue_depth") in figures
+
+
+def test_pushpull_top_shows_every_worker_and_server_live(figures):
+    """`pushpull top --once` run by rank 0 while both workers train about 10 steps per second."""
+    lines = figures["top"].splitlines()
+    workers = [ln.split() for ln in lines if re.match(r"^[01]\s+[01]\s", ln)]
+    assert len(workers) == 2, figures["top"]
+    assert all(float(w[2]) > 1.0 for w in workers), figures["top"]  # steps/s
+    assert any(re.match(r"^server\s+keys", ln) for ln in lines) and any(re.match(r"^0\s+\d+\s+[\d.]+\s+\d+", ln)
+                                                                       for ln in lines[lines.index(""):]), figures["top"]
