@@ -205,7 +205,7 @@ SETTINGS: tuple[Setting, ...] = (
       "exits, so that init() takes the same membership up again (Horovod's re-init). `pushpull launch "
       "--workers N` and the torchrun integration set 'keep' for their workers, who own no scheduler."),
     S("servers_per_node", [], 1, _int_min(0), "integer >= 0",
-      "Under torchrun with no DMLC_* roles set: servers the local rank 0 of every node starts (the job has "
+      "Under torchrun, srun or mpirun with no DMLC_* roles set: servers the local rank 0 of every node starts (the job has "
       "nodes x this many). 0 starts none, for servers placed by other means."),
     # --- worker data path
     S("partition_bytes", ["BYTEPS_PARTITION_BYTES"], 4096000, _int_min(1024), "integer >= 1024",

@@ -23,8 +23,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   missing=""
   command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
   command -v iptables >/dev/null 2>&1 || missing="$missing iptables"
+  # the launchers users already have: tests/cluster/test_mpi.py and test_slurm.py run the real ones
+  command -v mpirun >/dev/null 2>&1 || missing="$missing openmpi-bin"
+  command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"
   if [ -n "$missing" ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing) >/dev/null 2>&1 \
-      || echo "install.sh: could not install$missing; emulated-cluster delay tests will be skipped" >&2
+      || echo "install.sh: could not install$missing; the tests that need them will be skipped" >&2
   fi
 fi

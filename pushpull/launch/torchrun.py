@@ -49,8 +49,6 @@ def start_cluster(timeout: float = 120.0) -> None:
     variables every pushpull process reads, and start this node's share of the scheduler and servers."""
     from torch.distributed import TCPStore
 
-    from pushpull.launch.cli import _die_with_parent
-
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank, local_world = int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1"))
@@ -74,12 +72,21 @@ def start_cluster(timeout: float = 120.0) -> None:
     if not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
         env["PUSHPULL_SECRET"] = store.get(prefix + "secret").decode()
     env.setdefault("PUSHPULL_SHUTDOWN", "keep")  # torchrun owns the job's life: init() may follow shutdown()
+    start_roles("torchrun", env, rank, local_rank, per_node, ("RANK", "LOCAL_RANK", "GROUP_RANK"),
+                f"{nodes} node(s) x {local_world} process(es); scheduler {master}:{port}")
+
+
+def start_roles(who: str, env, rank: int, local_rank: int, per_node: int, drop: tuple, what: str) -> None:
+    """Global rank 0 starts the scheduler and every node's local rank 0 its ``per_node`` servers, as children
+    that die with it (PR_SET_PDEATHSIG) and exit when the job ends; ``drop``: the launcher's rank variables,
+    which the roles must not read as a worker's."""
+    from pushpull.launch.cli import _die_with_parent
+
     roles = (["scheduler"] if rank == 0 else []) + (["server"] * per_node if local_rank == 0 else [])
     for role in roles:
-        child_env = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
+        child_env = {k: v for k, v in env.items() if k not in drop}
         child_env.update(DMLC_ROLE=role)
         _STARTED.append(subprocess.Popen([sys.executable, "-m", "pushpull.launch.role", role], env=child_env,
                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
     if roles:
-        log.info("torchrun: started %s for %d node(s) x %d process(es); scheduler %s:%s", ", ".join(roles),
-                 nodes, local_world, master, port)
+        log.info("%s: started %s for %s", who, ", ".join(roles), what)

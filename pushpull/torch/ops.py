@@ -88,6 +88,11 @@ def init(config: Config | None = None) -> None:
 
         if torchrun.wanted():  # plain torchrun: start our own scheduler and servers (docs/api.md)
             torchrun.start_cluster()
+        else:
+            from pushpull.launch import hpc
+
+            if hpc.which():  # srun or mpirun: the same (docs/integrations.md)
+                hpc.start_cluster()
     cfg = config or load_config()
     logging.basicConfig(level=python_log_level(cfg), format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("pushpull").setLevel(python_log_level(cfg))
