@@ -1,0 +1,97 @@
+"""Hugging Face ``transformers.Trainer`` on pushpull: ``PushPullTrainer`` is the Trainer, data-parallel over
+the job's parameter servers.
+
+    import pushpull.torch as bps
+    from pushpull.huggingface import PushPullTrainer
+
+    bps.init()
+    trainer = PushPullTrainer(model=model, args=TrainingArguments(...), train_dataset=train)
+    trainer.train()
+
+and ``pushpull launch --workers N --servers K -- python train.py`` (or srun, mpirun, torchrun: docs/integrations.md).
+
+Why a subclass and not Trainer's own distributed mode: Trainer's data parallelism is torch.distributed's DDP
+(through Accelerate), whose all-reduce runs over gloo or NCCL; here every process is a Trainer of one
+process, and what makes them one job is pushpull. Four places change, each where Trainer asks a question
+that only the job can answer:
+
+* **gradients**: after each backward pass that ends a gradient-accumulation cycle, every gradient is averaged
+  over the workers (push_pull, all in flight at once, through the servers) before Trainer clips it and the
+  optimizer steps, so clipping sees the averaged gradient as under DDP;
+* **data**: the training sampler is a DistributedSampler over ``size()`` workers at this ``rank()`` (Trainer's
+  seed, so each epoch's shuffle agrees);
+* **the start**: rank 0's parameters are broadcast before training, so every worker starts alike;
+* **who writes**: ``is_world_process_zero()`` is rank 0, so only it logs, and only it saves the model and
+  checkpoints (the others hold the same parameters).
+
+Evaluation runs on every worker over the whole evaluation set (each reports the same figures).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.data.distributed import DistributedSampler
+from transformers import Trainer
+
+import pushpull.torch as bps
+
+
+class PushPullTrainer(Trainer):
+    """``transformers.Trainer`` whose workers are a pushpull job (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        if not bps.is_initialized():
+            bps.init()
+        super().__init__(*args, **kwargs)
+        self._pushpull_step = 0
+
+    # -- the start -----------------------------------------------------------------------------------------
+    def train(self, *args, **kwargs):
+        bps.broadcast_parameters(self.model.state_dict(), root_rank=0, prefix="hf.start.")
+        return super().train(*args, **kwargs)
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if bps.size() == 1:
+            return super()._get_train_sampler(*([train_dataset] if train_dataset is not None else []))
+        return DistributedSampler(dataset, num_replicas=bps.size(), rank=bps.rank(), shuffle=True,
+                                  seed=self.args.seed)
+
+    # -- gradients -------------------------------------------------------------------------------------------
+    def training_step(self, model, inputs, *args, **kwargs):
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        if self.accelerator.sync_gradients and bps.size() > 1:
+            self._average_gradients(model)
+        return loss
+
+    def _average_gradients(self, model: torch.nn.Module) -> None:
+        """Every gradient averaged over the workers, in place, all in flight at once. Names are the
+        parameters' own (the same on every worker); a parameter without a gradient this step (unused) pushes
+        zeros, so every worker pushes the same tensors."""
+        handles = []
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            handles.append(bps.push_pull_async_inplace(p.grad, average=True, name=f"hf.grad.{name}"))
+        for h in handles:
+            bps.synchronize(h)
+        self._pushpull_step += 1
+
+    # -- who writes --------------------------------------------------------------------------------------------
+    def _save(self, *args, **kwargs):
+        if bps.rank() == 0:
+            return super()._save(*args, **kwargs)
+        return None
+
+    def _save_checkpoint(self, *args, **kwargs):
+        if bps.rank() == 0:
+            return super()._save_checkpoint(*args, **kwargs)
+        return None
+
+    def is_world_process_zero(self) -> bool:
+        return bps.rank() == 0
+
+    def is_local_process_zero(self) -> bool:
+        return bps.local_rank() == 0
