@@ -199,8 +199,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("force_distributed", ["BYTEPS_FORCE_DISTRIBUTED"], False, _bool, "0 | 1",
       "Use the servers even with a single worker process (otherwise size()==1 reduces locally)."),
     S("shutdown", [], "leave", _choice("leave", "keep"), "leave | keep",
-      "What shutdown() does with this worker's place in the job: 'leave' = leave it now, as BytePS's "
-      "shutdown does (once every worker has left, the servers and the scheduler exit; init() afterwards joins "
+      "What shutdown() does with this worker's place in the job: 'leave' = leave it, as BytePS's shutdown "
+      "does: it returns once every worker has finished (at most PUSHPULL_TIMEOUT), and then the servers and "
+      "the scheduler exit; init() afterwards joins "
       "whatever job the environment names then, as BytePS's own tests do); 'keep' = keep it until the process "
       "exits, so that init() takes the same membership up again (Horovod's re-init). `pushpull launch "
       "--workers N` and the torchrun integration set 'keep' for their workers, who own no scheduler."),
@@ -400,8 +401,9 @@ SETTINGS: tuple[Setting, ...] = (
       "this port + 500 + k. Step time, bytes pushed and pulled, operations in flight, the job's size and "
       "generation; a server's keys, rounds, queue depth and late pushes (docs/metrics.md)."),
     S("metrics_host", [], "127.0.0.1", _str, "host name or IP, or 0.0.0.0",
-      "Where the Prometheus endpoints listen: loopback by default (the figures name the job's tensors and "
-      "machines); the node's own address, or 0.0.0.0, for a Prometheus server on another machine."),
+      "Where the Prometheus endpoints listen: loopback by default (the endpoints have no authentication; the "
+      "figures hold no tensor and no secret, but the job's size, ranks and rates); the node's own address, or "
+      "0.0.0.0, for a Prometheus server on another machine (a warning says so)."),
     # --- auto-tuning (pushpull.torch.autotune)
     S("autotune", [], False, _bool, "0 | 1",
       "Tune partition size and credit online by Bayesian optimisation; rank 0 decides, every worker applies "

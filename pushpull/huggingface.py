@@ -8,7 +8,9 @@ the job's parameter servers.
     trainer = PushPullTrainer(model=model, args=TrainingArguments(...), train_dataset=train)
     trainer.train()
 
-and ``pushpull launch --workers N --servers K -- python train.py`` (or srun, mpirun, torchrun: docs/integrations.md).
+and ``pushpull launch --workers N --servers K -- python train.py``, or BytePS-style roles (docs/api.md). Not under
+torchrun or mpirun yet: Accelerate reads their variables and would start torch.distributed's own data
+parallelism beside pushpull's (tested: pushpull launch).
 
 Why a subclass and not Trainer's own distributed mode: Trainer's data parallelism is torch.distributed's DDP
 (through Accelerate), whose all-reduce runs over gloo or NCCL; here every process is a Trainer of one

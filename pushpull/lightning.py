@@ -141,6 +141,9 @@ class PushPullStrategy(ParallelStrategy):
         raise ValueError(f"PushPullStrategy.reduce: reduce_op {reduce_op!r} is not mean, sum, max or min")
 
     def all_gather(self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False) -> torch.Tensor:
+        if sync_grads:
+            raise NotImplementedError("PushPullStrategy.all_gather(sync_grads=True): the gathered tensor carries no "
+                                      "gradient back to the other workers; gather without it")
         if bps.size() == 1:
             return tensor.unsqueeze(0)
         flat = tensor.unsqueeze(0) if tensor.dim() == 0 else tensor

@@ -43,7 +43,7 @@ class _Steps:
         with self.lock:
             return [("pushpull_steps_total", "counter", "training steps taken (optimizer step() calls)", self.count),
                     ("pushpull_step_seconds", "gauge", "wall time of the last training step", self.last_s),
-                    ("pushpull_step_seconds_total", "counter", "wall time of every step but the first",
+                    ("pushpull_step_time_seconds_total", "counter", "wall time of every step but the first",
                      self.total_s)]
 
 
@@ -53,6 +53,12 @@ STEPS = _Steps()
 def step_done() -> None:
     """A training step ended (called by every optimizer wrapper's step())."""
     STEPS.done()
+
+
+def is_loopback(host: str) -> bool:
+    from pushpull.transport.security import is_loopback as loop
+
+    return loop(host)
 
 
 def start(role: str, port: int, host: str, collect: Callable[[], list[Sample]], labels: dict) -> object | None:
@@ -81,9 +87,12 @@ def start(role: str, port: int, host: str, collect: Callable[[], list[Sample]], 
     registry.register(Collector())
     try:
         server = start_http_server(port, addr=host, registry=registry)
-    except OSError as e:
+    except (OSError, OverflowError, ValueError) as e:  # taken, or out of range (PORT + rank > 65535)
         log.warning("no metrics endpoint for this %s: %s:%d: %s", role, host, port, e)
         return None
+    if not is_loopback(host):
+        log.warning("PUSHPULL_METRICS_HOST=%s: this %s's metrics (read-only: no tensors, no secret) can be read "
+                    "by anyone who reaches %s:%d, without authentication", host, role, host, port)
     log.info("%s metrics on http://%s:%d/metrics", role, host, port)
     return server
 

@@ -9,7 +9,12 @@ host=$(hostname -s)
 cpus=$(nproc)
 case "${1:-start}" in
   start)
+    # a Slurm that already answers (a real cluster, or an earlier start) is used as it is: never reconfigured
+    if sinfo -h -o %t 2>/dev/null | grep -qE "idle|mix|alloc"; then echo "slurm-local: using the running Slurm"; exit 0; fi
     [ "$(id -u)" = 0 ] || { echo "slurm-local: needs root" >&2; exit 3; }
+    if [ -e "$conf_dir/slurm.conf" ] && ! grep -q "^# pushpull slurm-local" "$conf_dir/slurm.conf"; then
+      echo "slurm-local: $conf_dir/slurm.conf exists and is not ours; not touching it" >&2; exit 3
+    fi
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
       || { echo "slurm-local: slurm-wlm / munge not installed (apt-get install slurm-wlm)" >&2; exit 3; }
     mkdir -p "$conf_dir" /var/spool/slurmd /var/spool/slurmctld /var/log/slurm /run/munge
@@ -18,6 +23,7 @@ case "${1:-start}" in
     chmod 0700 /etc/munge; chmod 0400 /etc/munge/munge.key
     pgrep -x munged >/dev/null || su -s /bin/sh munge -c "munged" || munged --force
     cat > "$conf_dir/slurm.conf" <<CONF
+# pushpull slurm-local (scripts/slurm-local.sh): a one-node test cluster
 ClusterName=pushpull
 SlurmctldHost=$host
 AuthType=auth/munge
@@ -38,7 +44,7 @@ MpiDefault=none
 NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
-    pgrep -x slurmctld >/dev/null && scontrol reconfigure >/dev/null 2>&1 || slurmctld
+    pgrep -x slurmctld >/dev/null || slurmctld
     pgrep -x slurmd >/dev/null || slurmd
     scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true  # a node drained by an earlier config
     for _ in $(seq 1 60); do
@@ -48,5 +54,6 @@ CONF
     echo "slurm-local: the node did not come up:"; sinfo 2>&1 | tail -3; tail -n 5 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log 2>&1
     exit 4 ;;
   stop)
+    grep -q "^# pushpull slurm-local" "$conf_dir/slurm.conf" 2>/dev/null || { echo "slurm-local: not ours"; exit 0; }
     pkill -x slurmd || true; pkill -x slurmctld || true ;;
 esac

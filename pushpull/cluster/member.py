@@ -176,6 +176,8 @@ class Member:
         if t == MsgType.REGISTER_ACK:
             self.book = decode_json(msg.body())
             self.node_id = int(self.book["node_id"])
+            with self._lock:  # a late worker counts its barriers on from where the others are
+                self._barrier_seq = max(self._barrier_seq, int(self.book.get("barrier_seq", 0)))
             if self.on_registered:
                 self.on_registered(self.book)
             self._registered.set()

@@ -40,6 +40,7 @@ class NodeInfo:
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
     dead: bool = False  # a server lost in an elastic job (its partitions moved to the others)
+    since_gen: int = 0  # the generation it came in with (a late worker: barriers begun before it don't wait for it)
 
     @property
     def who(self) -> str:
@@ -61,6 +62,8 @@ class Scheduler:
         # segments with it, so a crashed run's leftovers are never mistaken for this run's
         self.job_id = secrets.token_hex(8)
         self.barriers: dict[tuple[str, int], set[bytes]] = {}
+        self.barrier_gen: dict[tuple[str, int], int] = {}  # the generation each open barrier began in
+        self.barrier_top = 0  # the highest barrier number a worker has reached (a late worker counts on from it)
         self.assigner: Assigner | None = None
         self.exit_code = 0
         listen = bind_host(cfg, scheduler_host(cfg))
@@ -206,7 +209,7 @@ class Scheduler:
             self._refuse(identity, f"the job has its {len(self.workers)} workers (its size at the start); a late "
                                    f"worker only replaces a lost one")
             return
-        node = NodeInfo(identity, "worker", len(self.workers), info)
+        node = NodeInfo(identity, "worker", len(self.workers), info, since_gen=self.gen + 1)
         self.workers[node.node_id] = node
         self.by_identity[identity] = node
         self.num_workers = len(self.workers)
@@ -224,7 +227,8 @@ class Scheduler:
                     "pid": w.info.get("pid"), "local_reduce": w.info.get("local_reduce")}
                    for r, w in sorted(self.workers.items())]
         return {"node_id": node.node_id, "num_workers": self.num_workers, "num_servers": self.num_servers,
-                "job_id": self.job_id, "gen": self.gen, "servers": servers, "workers": workers}
+                "job_id": self.job_id, "gen": self.gen, "servers": servers, "workers": workers,
+                "barrier_seq": self.barrier_top}
 
     def _start_job(self) -> None:
         self.ready = True
@@ -235,15 +239,25 @@ class Scheduler:
         log.info("job started: %d workers, %d servers", self.num_workers, self.num_servers)
 
     # ------------------------------------------------------------ barrier --
-    def _barrier(self, node: NodeInfo, seq: int, group: str) -> None:
+    def _barrier_members(self, group: str, seq: int) -> list[NodeInfo]:
+        """Who barrier ``seq`` of ``group`` waits for: the group's live nodes that were in the job when it
+        began (a worker that came in later counts its barriers from the next one: its book says where)."""
+        began = self.barrier_gen.get((group, seq), self.gen)
         members = self.workers.values() if group == "worker" else self._all()
+        return [m for m in members if m.since_gen <= began]
+
+    def _barrier(self, node: NodeInfo, seq: int, group: str) -> None:
+        if node.role == "worker":
+            self.barrier_top = max(self.barrier_top, seq)
+        self.barrier_gen.setdefault((group, seq), self.gen)
         arrived = self.barriers.setdefault((group, seq), set())
         arrived.add(node.identity)
-        members = list(members)
+        members = self._barrier_members(group, seq)
         if {m.identity for m in members} <= arrived:  # (a lost worker's arrival may linger in the set)
             for m in members:
                 self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
             del self.barriers[(group, seq)]
+            self.barrier_gen.pop((group, seq), None)
 
     # ------------------------------------------------------------ assignment --
     def _assign(self, node: NodeInfo, msg: Msg) -> None:
@@ -254,7 +268,8 @@ class Scheduler:
             # every worker must learn of it, not only the one that asked; one that had not declared
             # the tensor yet drops this and gets the error again when it does ("repeat")
             text = result["error"]
-            for w in ([node] if result.get("repeat") else self.workers.values()):
+            for w in ([node] if result.get("repeat") else
+                      [w for w in self.workers.values() if w not in self._joining]):
                 self._send(w, Header(MsgType.ERROR, req_id=msg.header.req_id, extra=1),
                            [encode_json({"error": text, "tensor": req.get("name")})])
             return
@@ -443,14 +458,17 @@ class Scheduler:
                 self._send(w, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
         # barriers the lost worker had not reached may now be complete
         for (group, seq), arrived in list(self.barriers.items()):
-            members = list(self.workers.values()) if group == "worker" else self._all()
+            members = self._barrier_members(group, seq)
             if {m.identity for m in members} <= arrived:
                 for m in members:
                     self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
                 del self.barriers[(group, seq)]
+                self.barrier_gen.pop((group, seq), None)
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that registered while this change was applied
-            if identity not in self.by_identity:
+            if self.terminating or self.exit_code:
+                self._refuse(identity, "the job is ending; a late worker cannot join it")
+            elif identity not in self.by_identity:
                 self._late_worker(identity, info)
 
     def _finish(self, node: NodeInfo) -> None:
@@ -461,6 +479,9 @@ class Scheduler:
                     self._left_without_join(node, w)
         if all(w.finished for w in self.workers.values()):
             self.terminating = True
+            queued, self._join_queue = self._join_queue, []
+            for identity, _ in queued:
+                self._refuse(identity, "the job is ending; a late worker cannot join it")
             log.info("all workers finished; terminating")
             for n in self._all():
                 self._send(n, Header(MsgType.TERMINATE))

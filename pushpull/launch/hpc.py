@@ -41,10 +41,12 @@ def which(env=os.environ) -> str | None:
         return None
     if "TORCHELASTIC_RUN_ID" in env:
         return None  # torchrun's own integration
+    # mpirun inside a Slurm allocation: its ranks inherit the Slurm variables of the step that started Open
+    # MPI's daemons (the same SLURM_PROCID on every rank of a node), so Open MPI's own come first
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return "openmpi" if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1 else None
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return "slurm"
-    if "OMPI_COMM_WORLD_RANK" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-        return "openmpi"
     return None
 
 
@@ -79,7 +81,8 @@ def placement(kind: str, env) -> dict:
     if kind == "slurm":
         rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
         local_rank = int(env.get("SLURM_LOCALID", "0"))
-        per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or "1")
+        per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+                                  or env.get("SLURM_NTASKS_PER_NODE") or "1")
         nodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1")
         node = int(env.get("SLURM_NODEID", "0"))
         if per_node * nodes != size:
@@ -97,6 +100,9 @@ def placement(kind: str, env) -> dict:
             raise ValueError(f"mpirun: {size} ranks are not a multiple of OMPI_COMM_WORLD_LOCAL_SIZE={per_node}; "
                              f"pushpull needs the same number on every node (mpirun --map-by slot, -npernode)")
         nodes, node = size // per_node, rank // per_node
+        if local_rank != rank % per_node:
+            raise ValueError(f"mpirun: rank {rank} is local rank {local_rank} of its node, not {rank % per_node}: "
+                             f"ranks must fill one node after another (mpirun --map-by slot, Open MPI's default)")
         host = env.get("DMLC_PS_ROOT_URI") or env.get("PUSHPULL_ROOT_URI") or ("127.0.0.1" if nodes == 1 else "")
         if not host:
             raise ValueError(f"mpirun over {nodes} nodes: Open MPI does not say which node rank 0 is on; pass it: "

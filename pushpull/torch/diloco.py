@@ -138,11 +138,13 @@ class DiLoCo:
         """A worker that came into the running job (elastic training with a replacement) would be expected in
         every round from now on but cannot know where the others are in their schedule: fail at once, naming
         it, rather than wait out the round's deadline. Leaving workers are taken (docs/diloco.md)."""
-        if ops.size() > self._size:
-            raise PushPullError(f"{self.name}: a worker came into the running job ({self._size} -> {ops.size()} "
+        eng = ops.engine()
+        size = eng.size if eng is not None else 1  # the engine's: updated before any operation fails
+        if size > self._size:
+            raise PushPullError(f"{self.name}: a worker came into the running job ({self._size} -> {size} "
                                 f"workers); DiLoCo takes workers that leave, not ones that join a running job "
                                 f"yet: run it without --restart-workers (docs/diloco.md)")
-        self._size = ops.size()
+        self._size = size
 
     def _finish(self, started: tuple, mixed: bool) -> None:
         """The new global parameters arrive: into this worker's copy of them, and into the parameters

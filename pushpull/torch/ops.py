@@ -134,8 +134,9 @@ def _watch_uncaught() -> None:
 
 def shutdown() -> None:
     """Stop using pushpull in this process: collectives raise until ``init()`` is called again. With
-    PUSHPULL_SHUTDOWN=leave (the default, BytePS's shutdown) the worker leaves the job now, so that the
-    servers and scheduler end once every worker has; with 'keep' (what pushpull's launchers set) it stays a
+    PUSHPULL_SHUTDOWN=leave (the default, BytePS's shutdown) the worker leaves the job, returning once every
+    worker has finished (at most PUSHPULL_TIMEOUT), and the servers and scheduler end; with 'keep' (what
+    pushpull's launchers set) it stays a
     member until the process exits and ``init()`` takes the same membership up again (Horovod's re-init)."""
     eng, cfg = _state.engine, _state.cfg
     _state.engine = None

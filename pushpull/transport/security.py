@@ -181,11 +181,13 @@ def local_secret() -> str:
     for jobs that never leave loopback and name no secret, as BytePS's own tests and scripts start them
     (roles from DMLC_* variables alone). Why it is safe: a process that can read the file runs as this
     user (or root) and could read the job's environment anyway; other users' processes, which reach
-    loopback ports too, cannot. The file is refused when another user owns it or others may read it."""
+    loopback ports too, cannot. Refused: a folder or file another user owns or others may open, and a file
+    that is a symbolic link (someone else's link to a file of ours would make its first line the secret)."""
     path = local_secret_path()
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not path.exists():
+        _private(path.parent, os.lstat(path.parent), "folder", "chmod 700")
+        if not path.exists() and not path.is_symlink():
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".local_secret.")  # 0600
             try:
                 with os.fdopen(fd, "w") as f:
@@ -196,19 +198,34 @@ def local_secret() -> str:
                     pass
             finally:
                 os.unlink(tmp)
-        st = path.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # checked and read through one descriptor
+        try:
+            _private(path, os.fstat(fd), "file", "chmod 600")
+            with os.fdopen(fd, "r") as f:
+                fd = -1
+                text = f.read().splitlines()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    except ConfigError:
+        raise
     except OSError as e:
-        raise ConfigError(f"no job secret, and this user's local secret {str(path)!r} cannot be made: {e}; "
+        raise ConfigError(f"no job secret, and this user's local secret {str(path)!r} cannot be used: {e}; "
                           f"{HOW_TO_SET}") from None
-    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"the local secret {str(path)!r} is owned by uid {st.st_uid} with mode "
-                          f"{stat.filemode(st.st_mode)}; it must be this user's (uid {os.geteuid()}) and "
-                          f"readable by nobody else (chmod 600), or {HOW_TO_SET}")
+    if not text or not text[0].strip():
+        raise ConfigError(f"the local secret {str(path)!r} is empty; delete it (it is made again) or {HOW_TO_SET}")
     global _told_local
     if not _told_local:
         log.info("no PUSHPULL_SECRET: this loopback-only job authenticates with the local secret in %s", path)
         _told_local = True
-    return _read_secret_file(str(path), "the local secret")
+    return text[0].strip()
+
+
+def _private(path: Path, st: os.stat_result, what: str, fix: str) -> None:
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"the local secret's {what} {str(path)!r} is owned by uid {st.st_uid} with mode "
+                          f"{stat.filemode(st.st_mode)}; it must be this user's (uid {os.geteuid()}) and open to "
+                          f"nobody else ({fix}), or {HOW_TO_SET}")
 
 
 _told_local = False

@@ -27,6 +27,7 @@ def figures() -> dict:
     got: dict = {}
     for rank, who, name, value in re.findall(r"METRIC (\d) (\w+) (\w+) (\S+)", out):
         got[(int(rank), who, name)] = float(value)
+    got["openmetrics"] = re.findall(r"OPENMETRICS (\d) (\w+) (\d+) families", out)
     top = re.search(r"TOP-BEGIN\n(.*?)TOP-END", out, re.S)
     got["top"] = re.sub(r"(?m)^\[worker \d\] ?", "", top.group(1)) if top else out[-3000:]
     return got
@@ -62,3 +63,9 @@ def test_pushpull_top_shows_every_worker_and_server_live(figures):
     assert all(float(w[2]) > 1.0 for w in workers), figures["top"]  # steps/s
     assert any(re.match(r"^server\s+keys", ln) for ln in lines) and any(re.match(r"^0\s+\d+\s+[\d.]+\s+\d+", ln)
                                                                        for ln in lines[lines.index(""):]), figures["top"]
+
+
+def test_prometheus_parses_every_endpoint_in_openmetrics(figures):
+    """What Prometheus asks for by default; a name served as two families (a gauge and a counter) fails it."""
+    assert sorted((r, w) for r, w, _ in figures["openmetrics"]) == [("0", "server"), ("0", "worker"), ("1", "server"),
+                                                                   ("1", "worker")]

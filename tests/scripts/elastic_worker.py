@@ -40,6 +40,8 @@ checks = {f"elastic.sum{i}": torch.full((3000,), float(first_rank + i)) for i in
 for name, t in checks.items():
     if not late:  # the others declared them before it came
         bps.push_pull(t, average=False, name=name)
+if not late:
+    bps.barrier()  # a barrier before the change: a late worker must count its barriers on from here
 torch.manual_seed(first_rank)
 model = torch.nn.Linear(8, 1)
 opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
@@ -73,6 +75,7 @@ def train(state):
 
 
 train(state)
+bps.barrier()  # every worker, the late one included: the same barrier number on all
 flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 total = bps.push_pull(flat.clone(), average=False, name="elastic.check")
 if not torch.allclose(total, flat * bps.size(), atol=1e-6):

@@ -17,7 +17,14 @@ for _ in range(6):  # the figures read below count these
     model(torch.randn(16, 64)).pow(2).mean().backward()
     opt.step()
 bps.barrier()
+from prometheus_client.openmetrics.parser import text_string_to_metric_families  # noqa: E402
+
 for who, p in (("worker", port + first), ("server", port + 500)):
+    # Prometheus asks for OpenMetrics by default: its own parser must take what we serve
+    req = urllib.request.Request(f"http://127.0.0.1:{p}/metrics",
+                                 headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    families = list(text_string_to_metric_families(urllib.request.urlopen(req, timeout=10).read().decode()))
+    print(f"OPENMETRICS {first} {who} {len(families)} families", flush=True)
     text = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=10).read().decode()
     for line in text.splitlines():
         if line.startswith("pushpull_"):

@@ -57,3 +57,13 @@ def test_mpi_over_nodes_needs_the_schedulers_host():
         hpc.placement("openmpi", MPI)
     p = hpc.placement("openmpi", {**MPI, "DMLC_PS_ROOT_URI": "node0"})
     assert (p["node"], p["nodes"], p["host"]) == (1, 2, "node0")
+
+
+def test_mpirun_inside_a_slurm_allocation_is_open_mpi():
+    """Its ranks inherit the Slurm step's variables (the same SLURM_PROCID on a node): Open MPI's count."""
+    assert hpc.which({**SLURM, **MPI}) == "openmpi"
+
+
+def test_ranks_mapped_by_node_are_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="map-by slot"):
+        hpc.placement("openmpi", {**MPI, "DMLC_PS_ROOT_URI": "node0", "OMPI_COMM_WORLD_LOCAL_RANK": "1"})

@@ -56,3 +56,21 @@ def test_the_job_secret_wins_over_it(secret_dir):
 def test_a_job_that_leaves_loopback_gets_none(secret_dir, env):
     assert security.job_secret(_cfg(**env)) is None
     assert not (secret_dir / "local_secret").exists()
+
+
+def test_a_folder_others_may_open_is_refused(secret_dir):
+    secret_dir.mkdir(mode=0o755)
+    os.chmod(secret_dir, 0o755)
+    with pytest.raises(ConfigError, match="folder.*chmod 700"):
+        security.local_secret()
+
+
+def test_a_symbolic_link_is_refused(secret_dir, tmp_path):
+    """Someone else's link to a private file of ours would make that file's first line the secret."""
+    secret_dir.mkdir(mode=0o700)
+    target = tmp_path / "id_key"
+    target.write_text("guessable first line\n")
+    os.chmod(target, 0o600)
+    (secret_dir / "local_secret").symlink_to(target)
+    with pytest.raises(ConfigError, match="cannot be used"):
+        security.local_secret()
