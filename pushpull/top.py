@@ -92,7 +92,9 @@ def table(now: dict, before: dict, dt: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pushpull top", description=__doc__,
+    from pushpull.cli import help_text
+
+    p = argparse.ArgumentParser(prog="pushpull top", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, required=True, help="the job's PUSHPULL_METRICS_PORT")
     p.add_argument("--host", default="127.0.0.1", help="where the endpoints listen (PUSHPULL_METRICS_HOST)")
