@@ -33,6 +33,17 @@ def settings(meta: dict) -> dict:
     return {"outer_lr": float(lr), "outer_momentum": float(mu), "nesterov": nesterov}
 
 
+def round_deadline(meta: dict):
+    """DiLoCo's round_deadline from a key's declaration: None (wait for every worker), "auto", or seconds > 0
+    (ValueError naming a bad one)."""
+    d = meta.get("round_deadline")
+    if d is None or d == "auto":
+        return d
+    if not isinstance(d, (int, float)) or isinstance(d, bool) or not math.isfinite(d) or d <= 0:
+        raise ValueError(f"round_deadline must be None, 'auto' or a number of seconds > 0, got {d!r}")
+    return float(d)
+
+
 class OuterSGD:
     """The global parameters of one key and their momentum, in ``dtype`` (the key's accumulation dtype)."""
 

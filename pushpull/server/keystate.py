@@ -15,6 +15,8 @@ straggler to pull the round whose slot it needs.
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,7 +71,13 @@ class Slot:
     wire: object = None  # ``out`` as one frame shared by every pull answer (made on the first)
     ready: bool = False
     count: int = 0  # backup workers: pushes summed into ``out`` (the divisor of an average)
+    opened: float = 0.0  # an outer round: when its first push came (time.monotonic())
 
+
+OUTER_AUTO_FACTOR = 3.0   # round_deadline="auto": this many times the median span of the recent rounds,
+OUTER_AUTO_FLOOR_S = 2.0  # and never under this many seconds,
+OUTER_AUTO_HISTORY = 8    # over the last this many complete rounds,
+OUTER_AUTO_MIN_ROUNDS = 3  # once this many have been measured (before: every round waits for everyone)
 
 LATE = object()  # KeyState.push's answer for a backup key's push that came after its round completed
 
@@ -90,6 +98,11 @@ class KeyState:
     # a change of the workers a retried round keeps its id. Open rounds by id, and the last one stepped
     outer_rounds: dict = field(default_factory=dict)
     outer_done: tuple | None = None  # (id, the answer: the global parameters after that round)
+    # DiLoCo(round_deadline=...): None = wait for every worker; "auto" = OUTER_AUTO_FACTOR x the median span
+    # (first push to last) of the recent complete rounds; seconds = that. Past it a round completes without
+    # the workers that have not pushed (their late pushes are answered with its result, not counted)
+    outer_deadline: object = None
+    outer_spans: list = field(default_factory=list)  # spans of the last OUTER_AUTO_HISTORY complete rounds
     inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
     op: str = "sum"  # sum | min | max | product | concat
     readers: frozenset | None = None  # ranks that receive the result (None: all); the others get an empty body
@@ -211,6 +224,9 @@ class KeyState:
         done = self.outer_done
         if done is not None and rid == done[0]:
             return Slot(round=rid, out=done[1], ready=True, waiting=[waiter])
+        if done is not None and rid < done[0] and self.outer_deadline is not None:
+            # a straggler past the deadline of a round stepped since: it takes the newest global parameters
+            return Slot(round=rid, out=done[1], ready=True, waiting=[waiter])
         if done is None and rid != 1:
             raise RoundError(f"tensor {self.name!r}: outer round {rid} pushed to a key that holds no global "
                              f"parameters (its server was replaced, or the start round never ran here)")
@@ -222,7 +238,8 @@ class KeyState:
             if len(self.outer_rounds) >= 2:
                 raise RoundError(f"tensor {self.name!r}: outer round {rid} opened while rounds "
                                  f"{sorted(self.outer_rounds)} wait for pushes")
-            slot = self.outer_rounds[rid] = Slot(round=rid, acc=Accumulator(self.dtype, self.numel, "sum"))
+            slot = self.outer_rounds[rid] = Slot(round=rid, acc=Accumulator(self.dtype, self.numel, "sum"),
+                                                 opened=time.monotonic())
         if rank in slot.pushed:
             raise RoundError(f"tensor {self.name!r} outer round {rid}: rank {rank} pushed twice")
         if slot.pushed:
@@ -233,11 +250,43 @@ class KeyState:
         slot.waiting.append(waiter)
         if not self.covers(slot.pushed):
             return None
+        self.outer_spans = (self.outer_spans + [time.monotonic() - slot.opened])[-OUTER_AUTO_HISTORY:]
+        return self._outer_step(rid, slot)
+
+    def _outer_step(self, rid: int, slot: Slot) -> Slot:
+        """Round ``rid`` is complete (every worker pushed, or its deadline passed): one outer step on the mean
+        of the pushes it has."""
         result = self.outer.apply(slot.acc.result(), len(slot.pushed)).astype(WIRE_NP[self.dtype])
         del self.outer_rounds[rid]
-        self.outer_done = (rid, result)
+        if self.outer_done is None or rid > self.outer_done[0]:
+            self.outer_done = (rid, result)
         slot.out, slot.ready = result, True
         return slot
+
+    def outer_deadline_s(self) -> float | None:
+        """How long an outer round may stay open (None: until every worker pushed)."""
+        d = self.outer_deadline
+        if d is None:
+            return None
+        if d == "auto":
+            if len(self.outer_spans) < OUTER_AUTO_MIN_ROUNDS:
+                return None  # no measure yet: the first rounds wait for everyone
+            return max(OUTER_AUTO_FLOOR_S, OUTER_AUTO_FACTOR * statistics.median(self.outer_spans))
+        return float(d)
+
+    def outer_overdue(self, now: float) -> list[tuple[Slot, list]]:
+        """Open rounds past the deadline, completed now with the pushes they have: [(slot, missing ranks)].
+        A round exists only once a worker pushed, so none completes with no push."""
+        limit = self.outer_deadline_s()
+        if limit is None:
+            return []
+        out = []
+        for rid in sorted(self.outer_rounds):
+            slot = self.outer_rounds[rid]
+            if slot.pushed and now - slot.opened > limit:
+                missing = sorted(self.expected() - slot.pushed)
+                out.append((self._outer_step(rid, slot), missing))
+        return out
 
     def late(self, rnd: int, rank: int) -> Slot | None:
         """Backup keys: the completed round ``rnd``'s slot if ``rank``'s push for it comes too late (it is then

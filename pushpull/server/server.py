@@ -22,7 +22,7 @@ from pushpull.cluster import nodes
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError, Member
 from pushpull.config import Config
-from pushpull.outer import OuterSGD, settings
+from pushpull.outer import OuterSGD, round_deadline, settings
 from pushpull.server.keystate import Busy, Disagreement, KeyState, RoundError
 from pushpull.server.reduce import wire_view
 from pushpull.server.sparse import SparseStore
@@ -43,6 +43,7 @@ SOCK = "workers"
 # another thread and waking it costs more than adding a few thousand numbers
 INLINE_KEY_BYTES = 65536
 _SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
+_DEADLINE = object()  # an engine-queue item: check this outer key's round deadline (on the key's own thread)
 _FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, *_SPARSE)
 _PUSH_PULL = (MsgType.PUSH, MsgType.PULL)
 RANK_CACHE = 4096  # connection identities whose rank is remembered (the cache starts over beyond)
@@ -389,6 +390,7 @@ class Server:
             from pushpull.server.reduce import ACC_NP
 
             ks.outer = OuterSGD(**settings(decl["meta"] or {}), dtype=ACC_NP[decl["dtype"]])
+            ks.outer_deadline = round_deadline(decl["meta"] or {})
         if ks.op == "store":  # asynchronous training: the servers keep the parameters
             from pushpull.server.reduce import ACC_NP
 
@@ -414,6 +416,7 @@ class Server:
             return f"tensor {name!r}: the outer optimizer needs floating-point parameters, got {decl['dtype']}"
         try:
             settings(decl["meta"] or {})
+            round_deadline(decl["meta"] or {})
         except ValueError as e:
             return f"tensor {name!r}: {e}"
         return None
@@ -497,6 +500,12 @@ class Server:
 
     def _check_inits(self) -> None:
         self.sparse.check_inits(self.cfg.timeout)
+        for ks in list(self.keys.values()):  # DiLoCo's round deadline: on the key's own thread
+            if ks.outer is not None and ks.outer_deadline is not None and ks.outer_rounds:
+                if self.engines and not ks.inline:
+                    self._hand_off(ks.key % len(self.engines), (None, _DEADLINE, ks))
+                else:
+                    self._outer_deadline(ks)
         now = time.monotonic()
         for key, pend in list(self.pending_inits.items()):
             if now - pend["since"] > self.cfg.timeout:
@@ -549,6 +558,9 @@ class Server:
                 return
 
     def _serve_one(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        if msg is _DEADLINE:
+            self._outer_deadline(ks)
+            return
         h = msg.header
         if h.gen != self.gen:  # queued before the workers changed (a RESET since): its round no longer exists
             return
@@ -708,6 +720,17 @@ class Server:
         for ident, rank, req_id, rnd in slot.waiting:  # each worker's answer under its own round number
             self._answer_pull(ident, rank, req_id, h.key, rnd, ks, slot)
         slot.waiting.clear()
+
+    def _outer_deadline(self, ks: KeyState) -> None:
+        """Complete the outer rounds of ``ks`` that are past their deadline with the pushes they have, and
+        answer those workers; the others' late pushes get the result (KeyState.outer_push)."""
+        for slot, missing in ks.outer_overdue(time.monotonic()):
+            log.warning("tensor %r: outer round %d completed after its deadline (%.1fs) with rank(s) %s; rank(s) %s "
+                        "had not pushed and do not count in it", ks.name, slot.round, ks.outer_deadline_s() or 0.0,
+                        sorted(slot.pushed), missing)
+            for ident, rank, req_id, rnd in slot.waiting:
+                self._answer_pull(ident, rank, req_id, ks.key, rnd, ks, slot)
+            slot.waiting.clear()
 
     def _async_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         """A store key (asynchronous training): a push adds a delta to the parameters, a pull returns them at

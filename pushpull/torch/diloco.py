@@ -29,6 +29,7 @@ import torch
 
 from pushpull import metrics
 from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
+from pushpull.outer import round_deadline as round_deadline_of
 from pushpull.torch import ops
 from pushpull.torch.functions import broadcast_parameters
 from pushpull.worker.engine import KeySpec
@@ -45,7 +46,7 @@ class DiLoCo:
     def __init__(self, inner: torch.optim.Optimizer, named_parameters, sync_every: int = 100,
                  outer_lr: float = DEFAULTS["outer_lr"], outer_momentum: float = DEFAULTS["outer_momentum"],
                  nesterov: bool = DEFAULTS["nesterov"], fragments: int = 1, overlap: int = 0, mix: float = 0.5,
-                 compression=None, name: str = "diloco"):
+                 compression=None, name: str = "diloco", round_deadline=None):
         for what, v, low in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("overlap", overlap, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{what} must be an integer >= {low}, got {v!r}")
@@ -55,6 +56,9 @@ class DiLoCo:
         if not isinstance(mix, (int, float)) or isinstance(mix, bool) or not 0 <= mix <= 1:
             raise ValueError(f"mix must be a number in [0, 1], got {mix!r}")
         self.outer = settings({"outer_lr": outer_lr, "outer_momentum": outer_momentum, "nesterov": nesterov})
+        # None: a round waits for every worker; "auto" or seconds: past it the servers complete the round
+        # with the workers that pushed (a straggler's late push gets the result and does not count)
+        self.round_deadline = round_deadline_of({"round_deadline": round_deadline})
         self.inner, self.sync_every, self.name = inner, sync_every, name
         self.overlap, self.mix = overlap, float(mix)
         # the pseudo-gradients' codec on the way to the servers (e.g. Compression.build("int8", block=256));
@@ -71,7 +75,8 @@ class DiLoCo:
         if fragments > len(self.params):
             raise ValueError(f"fragments ({fragments}) must not exceed the parameters ({len(self.params)})")
         self.fragments = _fragments([p.numel() for _, p in self.params], fragments)
-        self.spec = KeySpec(kind="diloco", op="outer", meta=tuple(sorted(self.outer.items())))
+        meta = dict(self.outer, **({"round_deadline": self.round_deadline} if self.round_deadline is not None else {}))
+        self.spec = KeySpec(kind="diloco", op="outer", meta=tuple(sorted(meta.items())))
         self.steps = 0       # inner steps taken
         self.rounds = 0      # outer rounds completed, of any fragment (the start counts one)
         self._synced = [0] * len(self.fragments)   # the step of each fragment's last round

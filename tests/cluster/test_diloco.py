@@ -80,3 +80,20 @@ def test_a_lost_worker_costs_one_rounds_share_and_the_others_go_on():
     assert res.returncode == 0, out[-4000:]
     assert "going on with 2 workers" in out, out[-3000:]
     assert len(re.findall(r"CASE churn ok ", out)) == 2 and "CASE churn FAIL" not in out, out[-3000:]
+
+
+def test_a_straggler_past_the_round_deadline_does_not_hold_the_others():
+    """DiLoCo(round_deadline="auto"), 3 workers, the worker of rank 2 stalls 6 s before a round: the others'
+    round completes after the deadline (the 2 s floor) without it, the server says so naming it, and after
+    sync() all three hold identical parameters (tests/scripts/diloco_deadline_worker.py)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "1", "--env",
+            "OMP_NUM_THREADS=1", "--", sys.executable, str(ROOT / "tests" / "scripts" / "diloco_deadline_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    rows = {int(r): (float(t), s) for r, t, s in
+            re.findall(r"DEADLINE rank (\d): step 10 took ([\d.]+)s; identical parameters (\w+)", out)}
+    assert sorted(rows) == [0, 1, 2], out[-3000:]
+    assert all(s == "True" for _, s in rows.values()), out[-3000:]
+    assert rows[0][0] < 4.5 and rows[1][0] < 4.5, rows  # not the 6 s the straggler slept
+    assert re.search(r"completed after its deadline .* rank\(s\) \[2\] had not pushed", out), out[-3000:]

@@ -26,7 +26,9 @@ def _make(bps, **kw):
                                        ({"fragments": 0}, "fragments"), ({"fragments": 5}, "fragments"),
                                        ({"overlap": -1}, "overlap"), ({"sync_every": 4, "overlap": 4}, "overlap"),
                                        ({"mix": 1.5}, "mix"), ({"outer_lr": 0.0}, "outer_lr"),
-                                       ({"outer_momentum": 0.0, "nesterov": True}, "nesterov")],
+                                       ({"outer_momentum": 0.0, "nesterov": True}, "nesterov"),
+                                       ({"round_deadline": 0}, "round_deadline"),
+                                       ({"round_deadline": "later"}, "round_deadline")],
                          ids=lambda v: str(v))
 def test_a_bad_argument_is_refused_naming_it(bps, kw, needle):
     with pytest.raises(ValueError, match=needle):

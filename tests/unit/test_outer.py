@@ -120,3 +120,48 @@ def test_a_rank_pushing_an_open_round_twice_is_refused():
     _push(ks, 1, 0, [1, 1, 1])
     with pytest.raises(RoundError, match="pushed twice"):
         _push(ks, 1, 0, [1, 1, 1])
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), "soon", True])
+def test_a_bad_round_deadline_is_refused_naming_it(value):
+    from pushpull.outer import round_deadline
+
+    with pytest.raises(ValueError, match="round_deadline"):
+        round_deadline({"round_deadline": value})
+
+
+def _deadline_key(deadline, workers=3):
+    ks = KeyState(9, "diloco.w", "float32", 3, workers)
+    ks.outer = OuterSGD(0.7, 0.9, True)
+    ks.outer_deadline = deadline
+    return ks
+
+
+def test_auto_waits_for_everyone_until_three_rounds_were_measured():
+    ks = _deadline_key("auto")
+    ks.outer_spans = [0.01, 0.02]
+    assert ks.outer_deadline_s() is None
+    ks.outer_spans = [0.5, 1.0, 2.0]
+    assert ks.outer_deadline_s() == pytest.approx(3.0)   # 3 x the median
+    ks.outer_spans = [0.01, 0.01, 0.02]
+    assert ks.outer_deadline_s() == pytest.approx(2.0)   # the floor
+
+
+def test_an_overdue_round_steps_on_the_pushes_it_has_and_a_late_push_gets_its_result():
+    ks = _deadline_key(1.0)
+    start = np.zeros(3, dtype=np.float32)
+    for r in range(3):  # the start round: every worker pushes the parameters
+        ks.outer_push(1, r, start, ("w", r))
+    ks.outer_push(2, 0, np.ones(3, dtype=np.float32), ("w", 0))
+    ks.outer_push(2, 1, np.ones(3, dtype=np.float32), ("w", 1))
+    assert ks.outer_overdue(ks.outer_rounds[2].opened + 0.5) == []
+    (slot, missing), = ks.outer_overdue(ks.outer_rounds[2].opened + 1.5)
+    assert missing == [2] and sorted(slot.pushed) == [0, 1] and ks.outer_done[0] == 2
+    late = ks.outer_push(2, 2, np.full(3, 9.0, dtype=np.float32), ("w", 2))
+    assert late.ready and np.array_equal(late.out, slot.out)  # not counted: the stepped result
+
+
+def test_without_a_deadline_no_round_is_ever_overdue():
+    ks = _deadline_key(None)
+    ks.outer_push(1, 0, np.zeros(3, dtype=np.float32), ("w", 0))
+    assert ks.outer_overdue(ks.outer_rounds[1].opened + 1e6) == []
