@@ -400,6 +400,10 @@ SETTINGS: tuple[Setting, ...] = (
       "worker and server: worker rank r (the rank it registered with) listens on this port + r, server k on "
       "this port + 500 + k. Step time, bytes pushed and pulled, operations in flight, the job's size and "
       "generation; a server's keys, rounds, queue depth and late pushes (docs/metrics.md)."),
+    S("tensorboard_dir", [], None, lambda s: s or None, "directory",
+      "TensorBoard scalars from every worker into DIR/worker<first rank> (needs the tensorboard package, in the "
+      "[metrics] extra): per optimizer step its wall time and the megabytes per second pushed and pulled, the "
+      "job's size and generation (docs/metrics.md)."),
     S("metrics_host", [], "127.0.0.1", _str, "host name or IP, or 0.0.0.0",
       "Where the Prometheus endpoints listen: loopback by default (the endpoints have no authentication; the "
       "figures hold no tensor and no secret, but the job's size, ranks and rates); the node's own address, or "
@@ -510,6 +514,7 @@ class Config:
     trace_end_step: int
     trace_dir: str
     metrics_port: int
+    tensorboard_dir: str | None
     metrics_host: str
     # --- auto-tuning
     autotune: bool

@@ -29,6 +29,7 @@ class _Steps:
         self.last_end: float | None = None
         self.last_s = 0.0
         self.total_s = 0.0
+        self.listeners: list[Callable[[int, float], None]] = []  # fn(step, seconds) after each step
 
     def done(self) -> None:
         now = time.perf_counter()
@@ -38,6 +39,9 @@ class _Steps:
                 self.total_s += self.last_s
             self.count += 1
             self.last_end = now
+            step, seconds, listeners = self.count, self.last_s, list(self.listeners)
+        for fn in listeners:
+            fn(step, seconds)
 
     def samples(self) -> list[Sample]:
         with self.lock:
@@ -102,3 +106,48 @@ def stop(handle) -> None:
     if isinstance(handle, tuple) and handle and hasattr(handle[0], "shutdown"):
         handle[0].shutdown()
         handle[0].server_close()
+
+
+class TensorBoard:
+    """PUSHPULL_TENSORBOARD_DIR: a worker's scalars per optimizer step (torch.utils.tensorboard's writer, which
+    needs the tensorboard package): step time, MB/s pushed and pulled over the step, the job's size and
+    generation. Written on the training thread at the end of each step; flushed every 10 s by the writer."""
+
+    def __init__(self, logdir: str, stats: Callable[[], dict]):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(logdir)
+        self.stats = stats
+        self.before = stats()
+
+    def step(self, step: int, seconds: float) -> None:
+        now = self.stats()
+        if seconds > 0:
+            w = self.writer
+            w.add_scalar("pushpull/step_seconds", seconds, step)
+            w.add_scalar("pushpull/push_MBps", (now["bytes_pushed"] - self.before["bytes_pushed"]) / seconds / 1e6, step)
+            w.add_scalar("pushpull/pull_MBps", (now["bytes_pulled"] - self.before["bytes_pulled"]) / seconds / 1e6, step)
+            w.add_scalar("pushpull/workers", now["workers"], step)
+            w.add_scalar("pushpull/generation", now["generation"], step)
+        self.before = now
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def start_tensorboard(logdir: str, stats: Callable[[], dict]) -> TensorBoard | None:
+    """A TensorBoard writer fed by every step (None, and a warning naming the fix, without tensorboard)."""
+    try:
+        tb = TensorBoard(logdir, stats)
+    except ImportError as e:
+        log.warning("PUSHPULL_TENSORBOARD_DIR=%s but %s: pip install 'pushpull[metrics]'", logdir, e)
+        return None
+    STEPS.listeners.append(tb.step)
+    return tb
+
+
+def stop_tensorboard(tb: TensorBoard | None) -> None:
+    if tb is not None:
+        if tb.step in STEPS.listeners:
+            STEPS.listeners.remove(tb.step)
+        tb.close()

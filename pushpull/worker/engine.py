@@ -14,6 +14,7 @@ so workers that declare tensors in different orders cannot deadlock.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,7 @@ class Engine:
         self.data_lanes: dict[str, str] = {}  # server socket -> "sealed" / "plain": its pushes and pulls go by lane
         self.closers: list = []  # fn(), called at stop() before the context ends (sparse tables' sockets)
         self.metrics = None  # the Prometheus endpoint (PUSHPULL_METRICS_PORT)
+        self.tensorboard = None  # PUSHPULL_TENSORBOARD_DIR's writer
 
     # ------------------------------------------------------------ the layers' state, by its old names --
     rank = property(lambda self: self.kv.rank, doc="this worker's rank (changes when the workers change)")
@@ -176,6 +178,11 @@ class Engine:
         if self.cfg.metrics_port:
             self.metrics = metrics.start("worker", self.cfg.metrics_port + self.first_rank, self.cfg.metrics_host,
                                          self.metrics_samples, {"role": "worker", "first_rank": self.first_rank})
+        if self.cfg.tensorboard_dir:
+            self.tensorboard = metrics.start_tensorboard(
+                os.path.join(self.cfg.tensorboard_dir, f"worker{self.first_rank}"),
+                lambda: {"bytes_pushed": self.stats["bytes_pushed"], "bytes_pulled": self.stats["bytes_pulled"],
+                         "workers": self.size, "generation": self.gen})
 
     def metrics_samples(self) -> list:
         """PUSHPULL_METRICS_PORT's figures of this worker (pushpull.metrics), read when Prometheus scrapes."""
@@ -251,6 +258,8 @@ class Engine:
         """Leave at once, without telling the scheduler (after a crash the launcher stops the job)."""
         metrics.stop(self.metrics)
         self.metrics = None
+        metrics.stop_tensorboard(self.tensorboard)
+        self.tensorboard = None
         if self.local is not None:
             self.local.close()
         for close in self.closers:

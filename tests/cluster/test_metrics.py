@@ -16,10 +16,16 @@ pytest.importorskip("prometheus_client", reason="the [metrics] extra (prometheus
 
 
 @pytest.fixture(scope="module")
-def figures() -> dict:
+def tensorboard_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tensorboard")
+
+
+@pytest.fixture(scope="module")
+def figures(tensorboard_dir) -> dict:
     port = free_port()
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1",
-            "--env", f"PUSHPULL_METRICS_PORT={port}", "--", sys.executable,
+            "--env", f"PUSHPULL_METRICS_PORT={port}", "--env", f"PUSHPULL_TENSORBOARD_DIR={tensorboard_dir}",
+            "--env", "TF_CPP_MIN_LOG_LEVEL=3", "--", sys.executable,
             str(ROOT / "tests" / "scripts" / "metrics_worker.py")]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     out = res.stdout + res.stderr
@@ -69,3 +75,18 @@ def test_prometheus_parses_every_endpoint_in_openmetrics(figures):
     """What Prometheus asks for by default; a name served as two families (a gauge and a counter) fails it."""
     assert sorted((r, w) for r, w, _ in figures["openmetrics"]) == [("0", "server"), ("0", "worker"), ("1", "server"),
                                                                    ("1", "worker")]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_worker_writes_tensorboard_scalars_per_step(figures, tensorboard_dir, rank):
+    """PUSHPULL_TENSORBOARD_DIR: read back with TensorBoard's own reader (36 steps: 6 + 30)."""
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                 reason="tensorboard is not installed")
+    acc = ea_mod.EventAccumulator(str(tensorboard_dir / f"worker{rank}"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"pushpull/step_seconds", "pushpull/push_MBps", "pushpull/pull_MBps", "pushpull/workers"} <= tags, tags
+    steps = acc.Scalars("pushpull/step_seconds")
+    assert len(steps) == 35 and all(e.value > 0 for e in steps)  # every step but the first (no duration yet)
+    assert all(e.value == 2 for e in acc.Scalars("pushpull/workers"))
+    assert sum(e.value for e in acc.Scalars("pushpull/push_MBps")) > 0
