@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -99,6 +100,9 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     losses = []
     for step in range(args.steps):
+        if args.kill_at and step == args.kill_at and rank == size - 1 and method != "sync":
+            print(f"rank {rank} SIGKILLs itself at step {step} (--kill-at)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         starts = torch.randint(0, len(train_t) - CONTEXT - 1, (args.batch,), generator=gen)
         x = torch.stack([train_t[s:s + CONTEXT] for s in starts])
         loss = m(input_ids=x, labels=x).loss
@@ -141,6 +145,9 @@ def main(argv=None) -> int:
     p.add_argument("--n-head", type=int, default=6)
     p.add_argument("--eval-windows", type=int, default=256)
     p.add_argument("--methods", default="sync,diloco50,diloco100,streaming100")
+    p.add_argument("--kill-at", type=int, default=0,
+                   help="churn: the last rank of every DiLoCo method SIGKILLs itself at this step; the job runs "
+                        "with --min-workers (workers - 1) and goes on without it")
     p.add_argument("--out", default=None, help="the results page (markdown, and .json beside it)")
     p.add_argument("--method", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -151,9 +158,10 @@ def main(argv=None) -> int:
     results = []
     for method in args.methods.split(","):
         argv_w = [sys.executable, str(Path(__file__).resolve()), "--worker", "--method", method]
-        for k in ("steps", "batch", "lr", "n_embd", "n_layer", "n_head", "eval_windows"):
+        for k in ("steps", "batch", "lr", "n_embd", "n_layer", "n_head", "eval_windows", "kill_at"):
             argv_w += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-        cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers", "1",
+        churn = ["--min-workers", str(args.workers - 1)] if args.kill_at else []
+        cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers", "1", *churn,
                "--env", "OMP_NUM_THREADS=1", "--", *argv_w]
         t0 = time.monotonic()
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ))
@@ -180,13 +188,17 @@ def report(args, results: list[dict]) -> str:
     r0 = results[0]
     cmd = (f"`flock /tmp/pushpull-cpu.lock python benchmarks/diloco_quality.py --workers {args.workers} "
            f"--steps {args.steps} --batch {args.batch} --lr {args.lr:g} --n-embd {args.n_embd} --n-layer "
-           f"{args.n_layer} --n-head {args.n_head} --methods {args.methods}`")
+           f"{args.n_layer} --n-head {args.n_head} --methods {args.methods}"
+           + (f" --kill-at {args.kill_at}" if args.kill_at else "") + "`")
     lines = ["# DiLoCo against synchronous training: held-out loss of a small GPT-2 on the standard library", "",
              f"{cmd}: a GPT-2 of {r0['params'] / 1e6:.1f} M parameters (byte level, context {CONTEXT}), "
              f"{args.workers} workers on this machine, {args.steps} steps of {args.batch} windows each per worker "
              f"({r0['tokens'] / 1e6:.2f} M tokens per method), AdamW (lr {args.lr:g}, warm-up 5 %); DiLoCo's outer "
              f"SGD lr 0.7, Nesterov 0.9; streaming: 4 fragments, overlap 5 steps, int8 pseudo-gradients. Held-out "
-             f"loss in nats per byte over {args.eval_windows} fixed windows of the held-out files.", "",
+             f"loss in nats per byte over {args.eval_windows} fixed windows of the held-out files."
+             + (f" Churn: in every DiLoCo method the last rank SIGKILLs itself at step {args.kill_at} and the job "
+                f"goes on with {args.workers - 1} workers (--min-workers {args.workers - 1})." if args.kill_at else ""),
+             "",
              "| method | outer rounds | held-out loss | vs synchronous | train loss (last 20 steps) | wall |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in results:
