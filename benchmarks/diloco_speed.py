@@ -33,26 +33,23 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKERS, SERVERS = 4, 2
 
 
-def _iface_bytes(iface: str) -> tuple[int, int]:
-    """(rx, tx) bytes of ``iface`` in this process's network namespace (the grid's reader, which must find it)."""
-    from pushpull.bench.grid import link_counters
-
-    got = link_counters(iface)
-    if got is None:
-        raise RuntimeError(f"interface {iface} not in /proc/net/dev")
-    return got
+def model_sizes(mb: float) -> list[int]:
+    """The emulated model: ``mb`` MB of fp32 parameters in eight tensors, as layers (the workers' and the
+    simulator's prediction alike)."""
+    numel = int(mb * 1e6 / 4)
+    return [numel // 8] * 7 + [numel - 7 * (numel // 8)]
 
 
 def worker(args) -> None:
     import torch
 
     import pushpull.torch as bps
+    from pushpull.bench.grid import link_bytes
 
     torch.set_num_threads(1)
     bps.init()
     iface = os.environ.get("DMLC_INTERFACE", "lo")
-    numel = int(args.mb * 1e6 / 4)
-    sizes = [numel // 8] * 7 + [numel - 7 * (numel // 8)]  # eight tensors, as layers
+    sizes = model_sizes(args.mb)
     c = args.compute_ms / 1e3
     res: dict = {"rank": bps.rank(), "iface": iface}
 
@@ -62,13 +59,13 @@ def worker(args) -> None:
 
     def measure(name: str, steps: int, one_step) -> None:
         bps.barrier()
-        rx0, tx0 = _iface_bytes(iface)
+        rx0, tx0 = link_bytes(iface)
         t0 = time.perf_counter()
         for s in range(steps):
             one_step(s)
         wall = time.perf_counter() - t0
         bps.barrier()
-        rx1, tx1 = _iface_bytes(iface)
+        rx1, tx1 = link_bytes(iface)
         res[name] = {"steps": steps, "wall_s": wall, "compute_s": steps * c,
                      "rx_per_step": (rx1 - rx0) / steps, "tx_per_step": (tx1 - tx0) / steps}
 
@@ -186,8 +183,7 @@ def predictions(args, cell: dict) -> dict:
     from pushpull.sim.engine import simulate
     from pushpull.sim.synthetic import synthetic_profile
 
-    numel = int(args.mb * 1e6 / 4)
-    sizes = [numel // 8] * 7 + [numel - 7 * (numel // 8)]  # the worker's eight tensors
+    sizes = model_sizes(args.mb)  # the worker's eight tensors
     c = args.compute_ms / 1e3
     prof = synthetic_profile([[n] for n in sizes], fwd_s=c / 3 / len(sizes))
     cluster = ClusterConfig(workers=WORKERS, servers=SERVERS, bandwidth=cell["rate_Bps"],

@@ -25,21 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _iface_bytes(iface: str) -> tuple[int, int]:
-    """(rx, tx) bytes of ``iface`` in this process's network namespace (the grid's reader, which must find it)."""
-    from pushpull.bench.grid import link_counters
-
-    got = link_counters(iface)
-    if got is None:
-        raise RuntimeError(f"interface {iface} not in /proc/net/dev")
-    return got
-
-
 def worker(args) -> None:
     import numpy as np
     import torch
 
     import pushpull.torch as bps
+    from pushpull.bench.grid import link_bytes
 
     torch.set_num_threads(1)
     bps.init()
@@ -49,7 +40,7 @@ def worker(args) -> None:
 
     def phase(name: str, steps: int, one_step, stats) -> None:
         bps.barrier()
-        rx0, tx0 = _iface_bytes(iface)
+        rx0, tx0 = link_bytes(iface)
         s0 = dict(stats())
         times = []
         for _ in range(steps):
@@ -57,7 +48,7 @@ def worker(args) -> None:
             one_step()
             times.append(time.perf_counter() - t)
         bps.barrier()
-        rx1, tx1 = _iface_bytes(iface)
+        rx1, tx1 = link_bytes(iface)
         s1 = stats()
         res[name] = {"step_s": times, "rx_per_step": (rx1 - rx0) / steps, "tx_per_step": (tx1 - tx0) / steps,
                      "payload_per_step": sum(s1[k] - s0[k] for k in ("bytes_pushed", "bytes_pulled")) / steps}

@@ -35,6 +35,7 @@ from torch.utils.data.distributed import DistributedSampler
 from transformers import Trainer
 
 import pushpull.torch as bps
+from pushpull.torch.functions import average_gradients
 
 
 class PushPullTrainer(Trainer):
@@ -67,18 +68,7 @@ class PushPullTrainer(Trainer):
         return loss
 
     def _average_gradients(self, model: torch.nn.Module) -> None:
-        """Every gradient averaged over the workers, in place, all in flight at once. Names are the
-        parameters' own (the same on every worker); a parameter without a gradient this step (unused) pushes
-        zeros, so every worker pushes the same tensors."""
-        handles = []
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            handles.append(bps.push_pull_async_inplace(p.grad, average=True, name=f"hf.grad.{name}"))
-        for h in handles:
-            bps.synchronize(h)
+        average_gradients(model.named_parameters(), "hf.grad.")
         self._pushpull_step += 1
 
     # -- who writes --------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch.strategies import ParallelStrategy
 
 import pushpull.torch as bps
+from pushpull.torch.functions import average_gradients
 
 
 class PushPullEnvironment(ClusterEnvironment):
@@ -114,15 +115,7 @@ class PushPullStrategy(ParallelStrategy):
         super().post_backward(closure_loss)
         if bps.size() == 1:
             return
-        handles = []
-        for name, p in self.lightning_module.named_parameters():
-            if not p.requires_grad:
-                continue
-            if p.grad is None:  # unused this step: zeros, so every worker pushes the same tensors
-                p.grad = torch.zeros_like(p)
-            handles.append(bps.push_pull_async_inplace(p.grad, average=True, name=f"lightning.grad.{name}"))
-        for h in handles:
-            bps.synchronize(h)
+        average_gradients(self.lightning_module.named_parameters(), "lightning.grad.")
         self.averages += 1
 
     # -- collectives -------------------------------------------------------------------------------------

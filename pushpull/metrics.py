@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Callable
 
+from pushpull.transport.security import is_loopback
+
 log = logging.getLogger(__name__)
 
 SERVER_PORT_OFFSET = 500  # server k listens on PUSHPULL_METRICS_PORT + 500 + k; worker r on + r
@@ -57,12 +59,6 @@ STEPS = _Steps()
 def step_done() -> None:
     """A training step ended (called by every optimizer wrapper's step())."""
     STEPS.done()
-
-
-def is_loopback(host: str) -> bool:
-    from pushpull.transport.security import is_loopback as loop
-
-    return loop(host)
 
 
 def start(role: str, port: int, host: str, collect: Callable[[], list[Sample]], labels: dict) -> object | None:

@@ -491,6 +491,14 @@ def link_counters(iface: str | None, pid: int | str = "self") -> tuple[int, int]
                     return int(fields[0]), int(fields[8])
     except OSError:
         return None
+
+
+def link_bytes(iface: str) -> tuple[int, int]:
+    """:func:`link_counters` of an interface that must exist (a benchmark's own host link): (rx, tx)."""
+    got = link_counters(iface)
+    if got is None:
+        raise RuntimeError(f"interface {iface} not in /proc/net/dev")
+    return got
     return None
 
 

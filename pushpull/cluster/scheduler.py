@@ -250,10 +250,14 @@ class Scheduler:
         if node.role == "worker":
             self.barrier_top = max(self.barrier_top, seq)
         self.barrier_gen.setdefault((group, seq), self.gen)
-        arrived = self.barriers.setdefault((group, seq), set())
-        arrived.add(node.identity)
+        self.barriers.setdefault((group, seq), set()).add(node.identity)
+        self._release_if_complete(group, seq)
+
+    def _release_if_complete(self, group: str, seq: int) -> None:
+        """Release barrier ``seq`` of ``group`` once every node it waits for has arrived (a lost worker's
+        arrival may linger in the set)."""
         members = self._barrier_members(group, seq)
-        if {m.identity for m in members} <= arrived:  # (a lost worker's arrival may linger in the set)
+        if {m.identity for m in members} <= self.barriers[(group, seq)]:
             for m in members:
                 self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
             del self.barriers[(group, seq)]
@@ -456,14 +460,8 @@ class Scheduler:
                 self._send(w, Header(MsgType.REGISTER_ACK), [encode_json(self._book(w))])
             else:
                 self._send(w, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
-        # barriers the lost worker had not reached may now be complete
-        for (group, seq), arrived in list(self.barriers.items()):
-            members = self._barrier_members(group, seq)
-            if {m.identity for m in members} <= arrived:
-                for m in members:
-                    self._send(m, Header(MsgType.BARRIER_RELEASE, key=seq))
-                del self.barriers[(group, seq)]
-                self.barrier_gen.pop((group, seq), None)
+        for group, seq in list(self.barriers):  # barriers the lost worker had not reached may now be complete
+            self._release_if_complete(group, seq)
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that registered while this change was applied
             if self.terminating or self.exit_code:

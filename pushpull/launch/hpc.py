@@ -115,8 +115,8 @@ def placement(kind: str, env) -> dict:
 
 def start_cluster() -> None:
     """Set the DMLC_*/BYTEPS_* variables every pushpull process reads, and start this node's share of the
-    scheduler and servers (pushpull.launch.torchrun.start_roles)."""
-    from pushpull.launch.torchrun import start_roles
+    scheduler and servers (pushpull.launch.torchrun.start_job)."""
+    from pushpull.launch.torchrun import start_job
 
     env = os.environ
     kind = which(env)
@@ -125,14 +125,9 @@ def start_cluster() -> None:
         p = placement(kind, env)
     except ValueError as e:
         raise RuntimeError(str(e)) from None
-    servers = read_setting("servers_per_node", env)[0]
-    env.update({"DMLC_PS_ROOT_URI": p["host"], "DMLC_PS_ROOT_PORT": str(p["port"]),
-                "DMLC_NUM_WORKER": str(p["nodes"]), "DMLC_NUM_SERVER": str(p["nodes"] * servers),
-                "DMLC_WORKER_ID": str(p["node"]), "BYTEPS_LOCAL_SIZE": str(p["per_node"]),
-                "BYTEPS_LOCAL_RANK": str(p["local_rank"])})
     if p["nodes"] == 1:
         env.setdefault("DMLC_NODE_HOST", "127.0.0.1")
-    env.setdefault("PUSHPULL_SHUTDOWN", "keep")  # the launcher owns the job's life: init() may follow shutdown()
-    drop = ("SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
-    start_roles(kind, env, p["rank"], p["local_rank"], servers, drop,
-                f"{p['nodes']} node(s) x {p['per_node']} task(s); scheduler {p['host']}:{p['port']} ({p['job']})")
+    start_job(kind, env, host=p["host"], port=p["port"], nodes=p["nodes"], node=p["node"], per_node=p["per_node"],
+              rank=p["rank"], local_rank=p["local_rank"], servers=read_setting("servers_per_node", env)[0],
+              drop=("SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+              what=f"{p['nodes']} node(s) x {p['per_node']} task(s); scheduler {p['host']}:{p['port']} ({p['job']})")

@@ -66,23 +66,27 @@ def start_cluster(timeout: float = 120.0) -> None:
         store.set(prefix + "port", str(_free_port(master)))
         store.set(prefix + "secret", env.get("PUSHPULL_SECRET") or secrets.token_urlsafe(32))
     port = store.get(prefix + "port").decode()
-    env.update({"DMLC_PS_ROOT_URI": master, "DMLC_PS_ROOT_PORT": port, "DMLC_NUM_WORKER": str(nodes),
-                "DMLC_NUM_SERVER": str(nodes * per_node), "DMLC_WORKER_ID": str(node),
-                "BYTEPS_LOCAL_SIZE": str(local_world), "BYTEPS_LOCAL_RANK": str(local_rank)})
     if not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
         env["PUSHPULL_SECRET"] = store.get(prefix + "secret").decode()
-    env.setdefault("PUSHPULL_SHUTDOWN", "keep")  # torchrun owns the job's life: init() may follow shutdown()
-    start_roles("torchrun", env, rank, local_rank, per_node, ("RANK", "LOCAL_RANK", "GROUP_RANK"),
-                f"{nodes} node(s) x {local_world} process(es); scheduler {master}:{port}")
+    start_job("torchrun", env, host=master, port=int(port), nodes=nodes, node=node, per_node=local_world,
+              rank=rank, local_rank=local_rank, servers=per_node, drop=("RANK", "LOCAL_RANK", "GROUP_RANK"),
+              what=f"{nodes} node(s) x {local_world} process(es); scheduler {master}:{port}")
 
 
-def start_roles(who: str, env, rank: int, local_rank: int, per_node: int, drop: tuple, what: str) -> None:
-    """Global rank 0 starts the scheduler and every node's local rank 0 its ``per_node`` servers, as children
-    that die with it (PR_SET_PDEATHSIG) and exit when the job ends; ``drop``: the launcher's rank variables,
-    which the roles must not read as a worker's."""
+def start_job(who: str, env, *, host: str, port: int, nodes: int, node: int, per_node: int, rank: int,
+              local_rank: int, servers: int, drop: tuple, what: str) -> None:
+    """The job a launcher that starts only the training processes (torchrun, srun, mpirun) agreed on, in the
+    DMLC_*/BYTEPS_* variables every pushpull process reads: one BytePS "worker machine" per node of
+    ``per_node`` processes, ``servers`` per node. Then global rank 0 starts the scheduler and every node's
+    local rank 0 its servers, as children that die with it (PR_SET_PDEATHSIG) and exit when the job ends;
+    ``drop``: the launcher's rank variables, which the roles must not read as a worker's."""
     from pushpull.launch.cli import _die_with_parent
 
-    roles = (["scheduler"] if rank == 0 else []) + (["server"] * per_node if local_rank == 0 else [])
+    env.update({"DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": str(nodes),
+                "DMLC_NUM_SERVER": str(nodes * servers), "DMLC_WORKER_ID": str(node),
+                "BYTEPS_LOCAL_SIZE": str(per_node), "BYTEPS_LOCAL_RANK": str(local_rank)})
+    env.setdefault("PUSHPULL_SHUTDOWN", "keep")  # the launcher owns the job's life: init() may follow shutdown()
+    roles = (["scheduler"] if rank == 0 else []) + (["server"] * servers if local_rank == 0 else [])
     for role in roles:
         child_env = {k: v for k, v in env.items() if k not in drop}
         child_env.update(DMLC_ROLE=role)

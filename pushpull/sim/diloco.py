@@ -107,16 +107,22 @@ def exchange_s(numels: list[int], cluster: ClusterConfig, ratio: float, dtype: s
     return simulate(prof, cluster, BSP(compression=comp), trace=False).iteration_s
 
 
-def predict(profile: Profile, cluster: ClusterConfig, setting: DiLoCoSetting) -> DiLoCoResult:
-    """Steady-state wall time per inner step and bytes per step of ``setting`` (module docstring)."""
+def predict(profile: Profile, cluster: ClusterConfig, setting: DiLoCoSetting,
+            _exchanges: dict | None = None) -> DiLoCoResult:
+    """Steady-state wall time per inner step and bytes per step of ``setting`` (module docstring).
+    ``_exchanges``: (fragments, codec) -> (exchange times, codec ratio), which depend on neither H nor the
+    overlap; the planner passes one dict for its whole grid, so each is simulated once."""
     if cluster.backend != "ps":
         raise ValueError("DiLoCo runs its outer optimizer on the servers: the cluster's backend must be 'ps'")
     numels = [t.numel for t in profile.tensors() if t.numel > 0]
     if setting.fragments > len(numels):
         raise ValueError(f"fragments ({setting.fragments}) must not exceed the tensors ({len(numels)})")
-    frags = _fragment_sizes(numels, setting.fragments)
-    ratio = codec_ratio(setting.codec, max(numels))
-    xs = [exchange_s(f, cluster, ratio) for f in frags]
+    cache = {} if _exchanges is None else _exchanges
+    key = (setting.fragments, setting.codec)
+    if key not in cache:
+        ratio = codec_ratio(setting.codec, max(numels))
+        cache[key] = ([exchange_s(f, cluster, ratio) for f in _fragment_sizes(numels, setting.fragments)], ratio)
+    xs, ratio = cache[key]
     c = profile.compute_s
     h = setting.sync_every
     hidden = setting.overlap * c
@@ -165,14 +171,16 @@ def plan_diloco(profile: Profile, cluster: ClusterConfig, target: float = 0.9, s
     numels = [t.numel for t in profile.tensors() if t.numel > 0]
     results = []
     best = None
+    exchanges: dict = {}  # (fragments, codec) -> simulated once for the whole grid
     for h in h_grid:
         for codec in codecs:
             for f in fragment_grid:
                 if f > len(numels) or f > h:
                     continue
-                probe = predict(profile, cluster, DiLoCoSetting(h, f, 0, codec))
+                probe = predict(profile, cluster, DiLoCoSetting(h, f, 0, codec), exchanges)
                 overlap = _overlap_for(probe.exchange_s, probe.compute_s, h, f)
-                r = probe if overlap == 0 else predict(profile, cluster, DiLoCoSetting(h, f, overlap, codec))
+                r = probe if overlap == 0 else predict(profile, cluster, DiLoCoSetting(h, f, overlap, codec),
+                                                       exchanges)
                 results.append(r)
                 if best is None and r.utilisation >= target:
                     best = r

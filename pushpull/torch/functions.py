@@ -219,6 +219,22 @@ def _items(params) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def average_gradients(named_parameters, prefix: str) -> None:
+    """Every gradient of ``named_parameters`` averaged over the workers, in place, all in flight at once and
+    waited for: the reduction of trainers that hand over a whole backward pass (pushpull.huggingface,
+    pushpull.lightning). A parameter without a gradient this step (unused) pushes zeros, so that every worker
+    pushes the same tensors; names are ``prefix`` + the parameter's own, the same on every worker."""
+    handles = []
+    for name, p in named_parameters:
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        handles.append(ops.push_pull_async_inplace(p.grad, average=True, name=f"{prefix}{name}"))
+    for h in handles:
+        ops.synchronize(h)
+
+
 def broadcast_parameters(params, root_rank: int, prefix: str = "parameters.", process_set=None) -> None:
     """Set every rank's tensors to ``root_rank``'s, in place.
 
