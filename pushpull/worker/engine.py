@@ -82,7 +82,8 @@ class Engine:
         self.started = False
         self.direct: DirectPath | None = None  # blocking small calls on the caller's thread
         self.changed_unseen = False  # a RESET happened and no WorkersChanged reached the caller since
-        self._join_done = threading.Event()  # join(): set when every worker has joined
+        self._join_done = threading.Event()  # join(): set when every worker has joined, or the cluster failed
+        self.member.on_failure(lambda _reason: self._join_done.set())  # a waiter in join() hears of it at once
         self._join_last = -1
         self.joined_ranks: set[int] = set()  # ranks in join() now (the scheduler's JOINED), for join()'s error
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
@@ -687,9 +688,12 @@ class Engine:
             time.sleep(0.005)
         self.member.send(Header(MsgType.JOIN, key=self.rank))
         deadline = time.monotonic() + self.cfg.timeout
-        while not self._join_done.wait(0.25):
+        while True:
+            done = self._join_done.wait(0.25)
             if self.member.failure:
                 raise PushPullError(f"join(): {self.member.failure}")
+            if done:
+                break
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self.size)) - self.joined_ranks - {self.rank})
                 raise PushPullError(f"join() on rank {self.rank}: rank(s) {missing} had not joined within "

@@ -322,6 +322,7 @@ def leaver() -> None:
             print(f"CASE f3-peer-left FAIL rank {r}: after {took:.1f}s: {text}", flush=True)
     else:
         print(f"CASE f3-peer-left FAIL rank {r}: join() returned", flush=True)
+    time.sleep(1.0)  # the other waiting ranks report before this one's exit ends the job (the launcher stops it)
     os._exit(0)  # this worker's membership failed: nothing is left to shut down cleanly
 
 
