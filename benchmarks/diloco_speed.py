@@ -44,7 +44,7 @@ def worker(args) -> None:
     import torch
 
     import pushpull.torch as bps
-    from pushpull.bench.grid import link_bytes
+    from pushpull.bench.grid_child import link_bytes
 
     torch.set_num_threads(1)
     bps.init()
@@ -180,7 +180,7 @@ def predictions(args, cell: dict) -> dict:
         return {}
     from pushpull.sim.config import ClusterConfig, parse_duration
     from pushpull.sim.diloco import DiLoCoSetting, predict
-    from pushpull.sim.engine import simulate
+    from pushpull.sim.events import simulate
     from pushpull.sim.synthetic import synthetic_profile
 
     sizes = model_sizes(args.mb)  # the worker's eight tensors

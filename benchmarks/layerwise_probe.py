@@ -4,7 +4,7 @@
         docs/results/how_useful.jsonl [--procs 4] [--iters 20] [--out docs/results/layerwise_probe.jsonl]
 
 For every (model, size scale, backend) of the namespaces-mode cells in the given grid results, runs
-:func:`pushpull.bench.grid.layerwise_probe` in ``--procs`` processes at once (default: the cells' worker
+:func:`pushpull.bench.layerwise_probe.layerwise_probe` in ``--procs`` processes at once (default: the cells' worker
 count, 4: the emulated cluster ran that many workers on this machine's cores) and appends one JSON line
 per (model, backend) to ``--out`` with every process's result, the median over the processes of each
 cost, the machine, its CPU count and its load average before and after. Communication is taken out (the
@@ -33,7 +33,7 @@ def child(model: str, scale: float, backend: str, iters: int) -> int:
     import torch
 
     import pushpull.torch as bps
-    from pushpull.bench.grid import layerwise_probe
+    from pushpull.bench.layerwise_probe import layerwise_probe
 
     torch.set_num_threads(1)   # as grid jobs run
     bps.init()                 # single process: the probe forces the distributed code paths itself

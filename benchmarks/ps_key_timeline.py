@@ -115,9 +115,9 @@ def worker_main(args) -> int:
 
     import pushpull.torch as bps
     from pushpull.bench.emulated_model import EmulatedModel
-    from pushpull.bench.grid import scaled_profile
-    from pushpull.bench.grid import _bytes
-    from pushpull.torch.strategies import make_strategy
+    from pushpull.bench.grid_spec import scaled_profile
+    from pushpull.bench.grid_spec import _bytes
+    from pushpull.torch.executors import make_strategy
 
     torch.set_num_threads(1)
     bps.init()
@@ -318,7 +318,7 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
 
-    from pushpull.bench.grid import compute_scale_for, scaled_profile, scaled_ps_partition_bytes
+    from pushpull.bench.grid_spec import compute_scale_for, scaled_profile, scaled_ps_partition_bytes
     from pushpull.emulate import EmulatedCluster, launch_job
     from pushpull.sim.config import parse_bandwidth
 
@@ -344,7 +344,7 @@ def main(argv=None) -> int:
         base = args.strategy[:-3] if args.strategy.endswith("+lw") else args.strategy
         part = args.partition_bytes
         if not part and (args.credit or base == "bytescheduler"):  # the grid's scaled default partition
-            from pushpull.bench.grid import _scaled_scheduling
+            from pushpull.bench.grid_spec import _scaled_scheduling
 
             part = _scaled_scheduling({"base": base, "partition_bytes": None, "credit_bytes": 1}, "ps",
                                       size_scale)["partition_bytes"]

@@ -91,8 +91,8 @@ def worker_main(args) -> int:
 
     import pushpull.torch as bps
     from pushpull.bench import emulated_model as em
-    from pushpull.bench.grid import _bytes, scaled_profile
-    from pushpull.torch.strategies import make_strategy
+    from pushpull.bench.grid_spec import _bytes, scaled_profile
+    from pushpull.torch.executors import make_strategy
 
     late = [0.0, 0.0]  # this step's summed and largest wake-up lateness (s)
 
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
 
-    from pushpull.bench.grid import _scaled_scheduling, compute_scale_for, scaled_profile, scaled_ps_partition_bytes
+    from pushpull.bench.grid_spec import _scaled_scheduling, compute_scale_for, scaled_profile, scaled_ps_partition_bytes
     from pushpull.emulate import EmulatedCluster, launch_job
     from pushpull.sim.config import parse_bandwidth
 

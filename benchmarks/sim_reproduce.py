@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pushpull.profiles import Profile, load_profile
 from pushpull.sim import ByteScheduler, ClusterConfig, Fusion, simulate
-from pushpull.sim.engine import _scaled
+from pushpull.sim.events import _scaled
 from pushpull.sim.plan import best_bytescheduler, comm_time
 
 ROOT = Path(__file__).resolve().parents[1]

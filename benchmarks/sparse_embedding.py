@@ -30,7 +30,7 @@ def worker(args) -> None:
     import torch
 
     import pushpull.torch as bps
-    from pushpull.bench.grid import link_bytes
+    from pushpull.bench.grid_child import link_bytes
 
     torch.set_num_threads(1)
     bps.init()

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from pushpull.profiles import LayerProfile, Profile, TensorSpec
 from pushpull.sim.config import per_call_costs
-from pushpull.sim.engine import simulate
+from pushpull.sim.events import simulate
 from pushpull.sim.validate import ValidationTable, cell, validate
 
 BEGIN = "<!-- validation:begin -->"

@@ -17,7 +17,7 @@ timeout 60 python3 -m pushpull cluster check 2>&1 | tee "$OUT/cluster-check.txt"
 CFG=benchmarks/configs/line_rate_16cores.json
 python3 - "$CFG" <<'PYEOF'
 import json, sys
-from pushpull.bench.grid import load_config
+from pushpull.bench.grid_spec import load_config
 cfg = load_config(sys.argv[1]); cfg["workers"] = [4]
 json.dump(cfg, open("/tmp/line_rate_16cores_n4.json", "w"))
 PYEOF

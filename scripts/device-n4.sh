@@ -18,7 +18,7 @@ timeout "${WIRE_TIMEOUT:-120}" python3 -m pushpull bench wire --transports veth 
 echo "== grid: n = 4, 25 Gbit/s, key sizes"
 python3 - <<'PYEOF'
 import json
-from pushpull.bench.grid import load_config
+from pushpull.bench.grid_spec import load_config
 cfg = load_config("benchmarks/configs/line_rate_16cores.json")
 cfg.update(name="line_rate_16cores_n4_keys", workers=[4], bandwidths=["25gbit"], placements=["separate"], tries=4)
 json.dump(cfg, open("/tmp/n4_engine.json", "w"))                     # the fitted key, and the ring

@@ -7,11 +7,19 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
   "$PY" -m pip install --quiet "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet -e ".[bench,test,metrics,huggingface,lightning]"
+"$PY" -m pip install --quiet -e ".[torch,bench,test,metrics,huggingface,lightning]"
 # TensorFlow 2 / Keras 3 bindings (tensorflow-cpu: no CUDA packages); their tests run in CI
 "$PY" -m pip install --quiet -e ".[tensorflow]"
 # MXNet binding: mxnet 1.9.1 needs NumPy < 1.24, so it gets an environment of its own (.venv-mxnet).
 # Best effort: without it tests/cluster/test_mxnet_api.py skips saying why.
+# TensorFlow and Keras without torch (tests/cluster/test_no_torch.py): a fresh environment with the
+# [tensorflow] extra only, so that the tests prove the bindings, scheduler and servers need no torch
+if [ "${PUSHPULL_SKIP_NOTORCH:-0}" != 1 ] \
+    && ! .venv-notorch/bin/python -c 'import tensorflow, sklearn, pushpull.tensorflow' >/dev/null 2>&1; then
+  ("$PY" -m venv .venv-notorch && .venv-notorch/bin/python -m pip install --quiet -e ".[tensorflow]" \
+      "scikit-learn>=1.2") >/dev/null 2>&1 \
+    || echo "install.sh: could not make the torch-free environment (.venv-notorch); its tests will be skipped" >&2
+fi
 if [ "${PUSHPULL_SKIP_MXNET:-0}" != 1 ]; then
   bash scripts/test-mxnet.sh --install-only >/dev/null 2>&1 \
     || echo "install.sh: could not make the MXNet environment (.venv-mxnet); its tests will be skipped" >&2

@@ -2,7 +2,7 @@
 workers is known exactly."""
 from __future__ import annotations
 
-from pushpull.torch.strategies.comm import Comm
+from pushpull.torch.executors.comm import Comm
 
 
 class Doubling(Comm):

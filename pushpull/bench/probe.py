@@ -51,8 +51,8 @@ def child_main(args) -> int:
     import torch
 
     import pushpull.torch as bps
-    from pushpull.bench.grid import _time_reduction, _time_stream
-    from pushpull.torch.strategies.comm import make_comm
+    from pushpull.bench.grid_child import _time_reduction, _time_stream
+    from pushpull.torch.executors.comm import make_comm
 
     torch.set_num_threads(1)
     bps.init()

@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from pushpull.bench.grid import KEY_DEFAULTS
+from pushpull.bench.grid_spec import KEY_DEFAULTS
 from pushpull.cli import help_text
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"

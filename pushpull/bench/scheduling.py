@@ -120,8 +120,8 @@ def child_main(args) -> int:
     import torch
 
     import pushpull.torch as bps
-    from pushpull.torch.strategies import make_strategy
-    from pushpull.torch.strategies.comm import make_comm
+    from pushpull.torch.executors import make_strategy
+    from pushpull.torch.executors.comm import make_comm
 
     torch.set_num_threads(1)  # several processes share few cores
     bps.init()

@@ -343,7 +343,7 @@ def raw_child(spec: dict) -> int:
     conn.sendall(b"g")  # both ends start together
     if conn.recv(1) != b"g":
         raise RuntimeError("raw stream: the peer did not start")
-    from pushpull.bench.grid import link_counters
+    from pushpull.bench.grid_child import link_counters
 
     iface = spec.get("iface")
     l0 = link_counters(iface)
@@ -389,7 +389,7 @@ def gloo_child(spec: dict) -> int:
     import torch
     import torch.distributed as dist
 
-    from pushpull.bench.grid import link_counters
+    from pushpull.bench.grid_child import link_counters
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -424,7 +424,7 @@ def pp_child(spec: dict) -> int:
     import torch
 
     import pushpull.torch as bps
-    from pushpull.bench.grid import link_counters
+    from pushpull.bench.grid_child import link_counters
 
     torch.set_num_threads(1)
     bps.init()

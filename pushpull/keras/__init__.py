@@ -4,10 +4,10 @@
 work on Keras's tensorflow backend (the default) and its torch backend; see
 docs/api.md for what differs from Horovod under Keras 3.
 """
-from pushpull.torch.ops import (  # noqa: F401
+from pushpull.worker.context import (  # noqa: F401
     barrier, init, is_initialized, local_rank, local_size, rank, shutdown, size,
 )
-from pushpull.torch.compression import Compression  # noqa: F401
+from pushpull.worker.compression import Compression  # noqa: F401
 from pushpull.keras import callbacks  # noqa: F401
 from pushpull.keras.callbacks import broadcast_variables  # noqa: F401
 from pushpull.keras.optimizer import DistributedOptimizer, reduce_gradients  # noqa: F401
@@ -22,31 +22,26 @@ def allreduce(value, name: str | None = None, average: bool = True, op=None):
     in the same order)."""
     import numpy as np
     import keras
-    import torch
 
-    from pushpull.torch import ops as _ops
+    from pushpull.worker.context import CONTEXT
 
     if op is not None:
         average = int(op) == Average
         if int(op) not in (Average, Sum):
             raise NotImplementedError("op: pushpull supports Average and Sum")
     arr = np.array(keras.ops.convert_to_numpy(value), order="C", copy=True)
-    out = _ops.push_pull(torch.from_numpy(arr), average=average, name=name and "keras.allreduce." + name)
-    return out.numpy()
+    return CONTEXT.push_pull(arr, None, average, name and "keras.allreduce." + name)
 
 
 def broadcast(value, root_rank: int, name: str | None = None):
     """``root_rank``'s value (a NumPy array) on every rank, bit-exact."""
     import numpy as np
     import keras
-    import torch
 
-    from pushpull.torch import functions as _fn
+    from pushpull.worker.broadcast import broadcast_array
 
     arr = np.array(keras.ops.convert_to_numpy(value), order="C", copy=True)
-    t = torch.from_numpy(arr)
-    _fn.broadcast_(t, root_rank, name=name and "keras.broadcast." + name)
-    return arr
+    return broadcast_array(arr, root_rank, name and "keras.broadcast." + name)
 
 
 def broadcast_global_variables(root_rank: int):
@@ -58,6 +53,6 @@ def broadcast_global_variables(root_rank: int):
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None):
-    from pushpull.torch.functions import broadcast_object as _bo
+    from pushpull.worker.broadcast import broadcast_object as _bo
 
     return _bo(obj, root_rank, name=name, allow_pickle=allow_pickle)

@@ -1,7 +1,8 @@
 """Horovod's Keras callbacks for Keras 3 (``hvd.callbacks.X`` / ``pushpull.keras.callbacks.X``).
 
-They talk to the engine through :mod:`pushpull.torch` with small float64 or
-bit-view tensors, so they work on Keras's tensorflow and torch backends alike.
+They talk to the engine through the framework-neutral job context with small
+float64 or bit-view NumPy arrays, so they work on Keras's tensorflow and torch
+backends alike.
 """
 from __future__ import annotations
 
@@ -11,35 +12,24 @@ import zlib
 import keras
 import numpy as np
 
-from pushpull.torch import ops as _tops
+from pushpull.worker import broadcast as _bc
+from pushpull.worker.context import CONTEXT as _ctx
+from pushpull.worker.context import distributed as _distributed
 
 log = logging.getLogger("pushpull.keras")
-
-
-def _distributed() -> bool:
-    return _tops.size() > 1 or _tops.config().force_distributed
 
 
 def broadcast_variables(variables, root_rank: int, prefix: str) -> None:
     """Assign ``root_rank``'s values to Keras variables on every rank (bit-exact, any dtype). Every
     rank first checks that all pass the same set (count, dtypes, shapes), or all raise naming who differs."""
-    import torch
-
-    from pushpull.torch import functions as _fn
-
     variables = list(variables)
-    _fn._check_root(root_rank)
+    _bc.check_root(root_rank)
     if not _distributed() or not variables:
         return
-    pairs = []
-    for i, v in enumerate(variables):
-        arr = np.array(keras.ops.convert_to_numpy(v.value), order="C", copy=True)
-        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16) if arr.dtype.name == "bfloat16" \
-            else torch.from_numpy(arr)
-        pairs.append((f"{i}.{getattr(v, 'path', None) or v.name}", t, arr))
-    _fn.broadcast_parameters([(n, t) for n, t, _ in pairs], root_rank, prefix=prefix)
-    for v, (_, _, arr) in zip(variables, pairs):
-        v.assign(arr)  # arr shares memory with the broadcast tensor
+    pairs = [(f"{i}.{getattr(v, 'path', None) or v.name}", np.array(keras.ops.convert_to_numpy(v.value), order="C"))
+             for i, v in enumerate(variables)]
+    for v, arr in zip(variables, _bc.broadcast_checked(pairs, root_rank, prefix)):
+        v.assign(arr)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -86,16 +76,14 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or not _distributed():
             return
-        import torch
-
         keys = sorted(k for k, v in logs.items() if _scalar(v))
         if not keys:
             return
-        values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64)
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
         # the name carries the key set: workers whose metrics differ fail (timeout naming it) instead of
         # averaging different metrics with each other
         crc = zlib.crc32(";".join(keys).encode())
-        avg = _tops.push_pull(values, average=True, name=f"keras.metric_average.{crc:08x}.{len(keys)}")
+        avg = _ctx.push_pull(values, None, True, f"keras.metric_average.{crc:08x}.{len(keys)}")
         for k, v in zip(keys, avg.tolist()):
             logs[k] = v
 
@@ -138,7 +126,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self.current_epoch = 0
 
     def _lr_at(self, epoch: float) -> float:
-        n = _tops.size()
+        n = _ctx.need_init().size
         if self.warmup_epochs <= 0 or epoch >= self.warmup_epochs:
             return self.initial_lr
         return self.initial_lr / n * (epoch * (n - 1) / self.warmup_epochs + 1)

@@ -9,23 +9,20 @@ unscaling, clipping, weight decay, Keras's own gradient accumulation).
 Backends: TensorFlow (the reduction runs through :mod:`pushpull.tensorflow`,
 inside ``model.fit``'s ``tf.function``, each push starting when its gradient
 is ready) and torch (Keras runs eagerly there and its gradients are torch
-tensors, so they go straight to :mod:`pushpull.torch`'s engine, no conversion).
+tensors, so they go straight to the engine, no conversion).
 JAX is not supported: its ``stateless_apply`` runs under ``jax.jit``.
 """
 from __future__ import annotations
 
 import keras
 
-from pushpull.torch import ops as _tops
-from pushpull.torch.compression import Compression
+from pushpull.worker.compression import Compression
+from pushpull.worker.context import CONTEXT as _ctx
+from pushpull.worker.context import distributed as _distributed
 
 
 def _backend() -> str:
     return keras.backend.backend()
-
-
-def _distributed() -> bool:
-    return _tops.size() > 1 or _tops.config().force_distributed
 
 
 def _reduce_torch(grads, names, priorities, average: bool, compression):
@@ -39,12 +36,11 @@ def _reduce_torch(grads, names, priorities, average: bool, compression):
         g = grads[i]
         if not isinstance(g, torch.Tensor):
             g = torch.as_tensor(keras.ops.convert_to_numpy(g))
-        handles[i] = _tops.push_pull_async(g.detach(), average=average, name=names[i], priority=priorities[i],
-                                           compression=compression)
+        handles[i] = _ctx.push_pull_async(g.detach(), None, average, names[i], priorities[i], compression)
     err = None
     for i in live:
         try:
-            out[i] = _tops.synchronize(handles[i])
+            out[i] = _ctx.synchronize(handles[i])
         except Exception as e:  # noqa: BLE001 - wait for the rest so no handle is left behind
             err = err or e
     if err is not None:

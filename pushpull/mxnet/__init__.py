@@ -13,5 +13,5 @@ from pushpull.mxnet.ops import (  # noqa: F401
 )
 from pushpull.mxnet.trainer import DistributedOptimizer, DistributedTrainer  # noqa: F401
 from pushpull.mxnet.kvstore import PushPull, ScheduledKVStore  # noqa: F401
-from pushpull.torch.functions import BroadcastError  # noqa: F401
+from pushpull.worker.broadcast import BroadcastError  # noqa: F401
 from pushpull.worker.handle import PushPullError  # noqa: F401

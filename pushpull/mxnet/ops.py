@@ -1,8 +1,8 @@
 """MXNet collectives over pushpull's parameter servers (``import pushpull.mxnet as bps``).
 
-A thin adapter over :mod:`pushpull.torch`'s engine (one per process): an
-NDArray crosses as ``asnumpy()`` viewed by ``torch.from_numpy`` and the result
-is written back with ``nd[:] = ...``. ``asnumpy()`` waits for that array only:
+A thin adapter over the framework-neutral job context (one engine per process,
+:mod:`pushpull.worker.context`; torch is not needed): an NDArray crosses as
+``asnumpy()`` and the result is written back with ``nd[:] = ...``. ``asnumpy()`` waits for that array only:
 MXNet computes asynchronously on its own engine threads, so while this thread
 waits for one gradient and pushes it, the earlier layers' gradients are still
 being computed. Starting the pushes last layer first therefore sends each
@@ -14,31 +14,18 @@ import itertools
 
 import mxnet as mx
 import numpy as np
-import torch
 
-from pushpull.torch import functions as _fn
-from pushpull.torch import ops as _ops
-from pushpull.torch.compression import Compression  # noqa: F401
-
-init = _ops.init
-shutdown = _ops.shutdown
-is_initialized = _ops.is_initialized
-rank = _ops.rank
-size = _ops.size
-local_rank = _ops.local_rank
-local_size = _ops.local_size
-barrier = _ops.barrier
+from pushpull.worker import broadcast as _bc
+from pushpull.worker.compression import Compression  # noqa: F401
+from pushpull.worker.context import (  # noqa: F401 - Horovod's names
+    CONTEXT as _ctx, barrier, distributed, init, is_initialized, local_rank, local_size, rank, shutdown, size,
+)
 
 _REDUCIBLE = {np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8}
 
 
-def distributed() -> bool:
-    return _ops.size() > 1 or _ops.config().force_distributed
-
-
-def _as_torch(nd) -> torch.Tensor:
-    arr = np.ascontiguousarray(nd.asnumpy())  # a fresh host copy: writable, ours
-    return torch.from_numpy(arr)
+def _host(nd) -> np.ndarray:
+    return np.ascontiguousarray(nd.asnumpy())  # a fresh host copy: writable, ours
 
 
 def _check(nd, name: str) -> None:
@@ -53,16 +40,15 @@ def _check(nd, name: str) -> None:
 def start(nd, name: str, average: bool, priority: int = 0, compression=None, prescale: float = 1.0) -> int:
     """Start reducing ``nd`` (waits for MXNet to have computed it); returns a pushpull handle."""
     _check(nd, name)
-    t = _as_torch(nd)
+    arr = _host(nd)
     if prescale != 1.0:
-        t.mul_(prescale)
-    return _ops.push_pull_async_inplace(t, average=average, name=name, priority=priority,
-                                        compression=compression)
+        np.multiply(arr, prescale, out=arr, casting="unsafe")
+    return _ctx.push_pull_async(arr, arr, average, name, priority, compression)
 
 
 def finish(handle: int, outs, postscale: float = 1.0) -> None:
     """Wait for ``handle`` and write the result into each NDArray of ``outs``."""
-    res = _ops.synchronize(handle).numpy()
+    res = np.asarray(_ctx.synchronize(handle))
     if postscale != 1.0:
         res = (res * postscale).astype(res.dtype, copy=False)
     for o in outs:
@@ -91,7 +77,7 @@ _unnamed = itertools.count()
 def allreduce_(tensor, average: bool = True, name: str | None = None, priority: int = 0,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0, compression=None):
     """Horovod's ``allreduce_``: average (or sum) over all workers, in place; returns ``tensor``."""
-    _ops._need_init()
+    _ctx.need_init()
     name = "mx." + (name or f"allreduce.noname.{next(_unnamed)}")
     if not distributed():
         if prescale_factor * postscale_factor != 1.0:
@@ -118,17 +104,17 @@ push_pull = byteps_push_pull
 
 def byteps_declare_tensor(name: str, **kwargs) -> None:
     """BytePS's declaration: keys are agreed by name here, so declaring is optional and a no-op."""
-    _ops._need_init()
+    _ctx.need_init()
 
 
 def broadcast_(tensor, root_rank: int, name: str | None = None):
     """``root_rank``'s value written into ``tensor`` on every rank, bit-exact; returns ``tensor``."""
-    _ops._need_init()
-    _fn._check_root(root_rank)
+    _ctx.need_init()
+    _bc.check_root(root_rank)
     if distributed():
-        t = _as_torch(tensor)
-        _fn._broadcast_many([("mx.bcast." + (name or f"noname.{next(_unnamed)}"), t)], root_rank)
-        tensor[:] = mx.nd.array(t.numpy(), ctx=tensor.context, dtype=tensor.dtype)
+        got = _bc.broadcast_arrays([("mx.bcast." + (name or f"noname.{next(_unnamed)}"), _host(tensor))],
+                                   root_rank)[0]
+        tensor[:] = mx.nd.array(got, ctx=tensor.context, dtype=tensor.dtype)
     return tensor
 
 
@@ -157,17 +143,17 @@ def _param_items(params):
 def broadcast_parameters(params, root_rank: int = 0, prefix: str = "mx.params.") -> None:
     """Set every rank's parameters to ``root_rank``'s, in place (Horovod/BytePS); every rank first checks
     that all ranks hold the same set (names, dtypes, shapes), or all raise naming who differs."""
-    _ops._need_init()
-    _fn._check_root(root_rank)
+    _ctx.need_init()
+    _bc.check_root(root_rank)
     items = _param_items(params)
     if not distributed() or not items:
         return
-    pairs = [(name, _as_torch(arrays[0])) for name, arrays in items]
-    _fn.broadcast_parameters(pairs, root_rank, prefix=prefix)
-    for (name, arrays), (_, t) in zip(items, pairs):
+    got = _bc.broadcast_checked([(name, _host(arrays[0])) for name, arrays in items], root_rank, prefix)
+    for (name, arrays), value in zip(items, got):
         for a in arrays:
-            a[:] = mx.nd.array(t.numpy(), ctx=a.context, dtype=a.dtype)
+            a[:] = mx.nd.array(value, ctx=a.context, dtype=a.dtype)
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None):
-    return _fn.broadcast_object(obj, root_rank, name=name and "mx." + name, allow_pickle=allow_pickle)
+    _ctx.need_init()
+    return _bc.broadcast_object(obj, root_rank, name=name and "mx." + name, allow_pickle=allow_pickle)

@@ -26,7 +26,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                  gradient_predivide_factor: float = 1.0, prefix: str | None = None, root_rank: int | None = 0,
                  compression_params=None):
         if compression_params is not None and compression is None:
-            from pushpull.torch.compression import Compression
+            from pushpull.worker.compression import Compression
 
             compression = Compression.build(**compression_params) if "compressor" in compression_params \
                 else None

@@ -1,10 +1,10 @@
 """auto: measure this job's compute and network during the first steps, let the simulator predict every
 fixed strategy (and both backends where it may switch), confirm the best on the live job and keep it
-(:mod:`pushpull.torch.strategies.auto`). A runtime strategy only: the simulator predicts the strategies
+(:mod:`pushpull.torch.executors.auto`). A runtime strategy only: the simulator predicts the strategies
 auto chooses among, not auto itself."""
 from __future__ import annotations
 
-from pushpull.policy.base import Policy
+from pushpull.policy.base import ABSENT, OWN, Policy
 
 
 class Auto(Policy):
@@ -12,5 +12,5 @@ class Auto(Policy):
     name = "auto"
     order = 60
     fixed = False
-    runtime = "pushpull.torch.strategies.auto:Auto"
-    simulator = "-"
+    runtime = OWN
+    simulator = ABSENT

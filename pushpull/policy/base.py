@@ -2,8 +2,8 @@
 
 A strategy decides which gradients travel together, when each message may leave, and how the backend
 cuts and admits them. Those decisions are pure functions of the gradients' ready times and sizes, so
-they live here once, and two executors carry them out: the runtime (:mod:`pushpull.torch.strategies`,
-on real tensors and sockets) and the simulator (:mod:`pushpull.sim.strategies`, on a model profile).
+they live here once, and two executors carry them out: the runtime (:mod:`pushpull.torch.executors`,
+on real tensors and sockets) and the simulator (:mod:`pushpull.sim.executors`, on a model profile).
 Before, each strategy was written twice and the simulator could silently disagree with what ran.
 
 This package imports neither torch nor the simulator. A new strategy is one file in it with one
@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 RELEASES = ("ready", "end", "plan")
+OWN = "own"     # Policy.runtime / .simulator: an executor of its own, registered for the name (register_executor)
+ABSENT = "-"    # ... not available there
 TAIL_FOLD = 8  # a tensor's last piece under 1/TAIL_FOLD of a key joins the key before it (key_sizes)
 
 
@@ -46,9 +48,10 @@ class Policy:
       options for them are called ``partition_bytes`` and ``credit`` (bytes), as the grid passes them.
     * ``options``: option name -> default (None: the default comes from a setting or the backend);
       the runtime and the simulator accept these as keyword options.
-    * ``runtime`` / ``simulator``: ``"module:Class"`` of an executor of its own where the generic one
-      does not do (a cost model measured on the live backend, a layer-wise view of a profile); None =
-      the generic executor; ``"-"`` = not available there.
+    * ``runtime`` / ``simulator``: :data:`OWN` where the generic executor does not do (a cost model
+      measured on the live backend, a layer-wise view of a profile): an executor of its own registers
+      itself for the name (:func:`pushpull.policy.register_executor`); None = the generic executor;
+      :data:`ABSENT` (``"-"``) = not available there.
     """
 
     name: ClassVar[str] = ""

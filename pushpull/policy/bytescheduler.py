@@ -10,7 +10,7 @@ comes back with the push acknowledgement.
 from __future__ import annotations
 
 
-from pushpull.policy.base import Policy, key_sizes
+from pushpull.policy.base import OWN, Policy, key_sizes
 
 DEFAULTS = {  # backend -> (partition bytes, credit bytes)
     "ps": (4_000_000, 16_000_000),
@@ -31,8 +31,8 @@ class ByteScheduler(Policy):
     release = "ready"
     schedules = True
     options = {"partition_bytes": None, "credit": None}
-    runtime = "pushpull.torch.strategies.bytescheduler:ByteScheduler"
-    simulator = "pushpull.sim.strategies.bytescheduler:ByteScheduler"
+    runtime = OWN
+    simulator = OWN
 
     @classmethod
     def scheduling(cls, backend, partition_bytes=None, credit=None, **_):

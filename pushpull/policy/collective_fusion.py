@@ -1,5 +1,5 @@
 """The all-reduce backend's tensor fusion rule (``PUSHPULL_BACKEND=allreduce``), shared by the runtime
-(:mod:`pushpull.torch.allreduce_backend`) and the simulator's ring (:mod:`pushpull.sim.engine`), so both
+(:mod:`pushpull.torch.allreduce_backend`) and the simulator's ring (:mod:`pushpull.sim.events`), so both
 group one admitted batch into the same collectives.
 
 Why: a collective has a fixed cost (gloo: a chain of messages through every rank, ~0.3 ms between 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from pushpull.policy.base import Policy
+from pushpull.policy.base import OWN, Policy
 
 THRESHOLD_BYTES = 64 * 1024 * 1024  # Horovod's HOROVOD_FUSION_THRESHOLD default
 CYCLE_MS = 1.0                       # pushpull's default cycle (Horovod's HOROVOD_CYCLE_TIME is 1-5 ms)
@@ -58,8 +58,8 @@ class Fusion(Policy):
     order = 30
     release = "plan"
     options = {"threshold_bytes": THRESHOLD_BYTES, "cycle_ms": CYCLE_MS}
-    runtime = "pushpull.torch.strategies.fusion:Fusion"
-    simulator = "pushpull.sim.strategies.fusion:Fusion"
+    runtime = OWN
+    simulator = OWN
 
     @classmethod
     def plan(cls, ready_s, sizes, threshold_bytes: int = THRESHOLD_BYTES, cycle_ms: float = CYCLE_MS, **_):

@@ -13,7 +13,7 @@ The runtime feeds it the measured ready times and an alpha-beta model fitted on 
 """
 from __future__ import annotations
 
-from pushpull.policy.base import Policy
+from pushpull.policy.base import OWN, Policy
 
 SMALL_ELEMENTS = 8192
 
@@ -110,8 +110,8 @@ class MGWFBP(Policy):
     order = 40
     release = "plan"
     options = {"alpha": None, "beta": None}
-    runtime = "pushpull.torch.strategies.mgwfbp:MGWFBP"     # fits alpha and beta on the live backend
-    simulator = "pushpull.sim.strategies.mgwfbp:MGWFBP"     # merges the profile's layers
+    runtime = OWN           # fits alpha and beta on the live backend
+    simulator = OWN         # merges the profile's layers
 
     @classmethod
     def plan(cls, ready_s, sizes, alpha: float = 0.0, beta: float = 0.0, **_):

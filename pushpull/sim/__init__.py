@@ -10,8 +10,8 @@ Pure Python: no sockets, no threads, no torch. See docs/simulator.md.
 """
 from pushpull.sim.config import (ClusterConfig, Compression, CpuCosts, SimOptions, format_bandwidth, format_bytes,
                                  parse_bandwidth, parse_bytes, parse_duration)
-from pushpull.sim.engine import SimResult, simulate
-from pushpull.sim.strategies import (BSP, MGWFBP, STRATEGIES, WFBP, ByteScheduler, Fusion, make_strategy,
+from pushpull.sim.events import SimResult, simulate
+from pushpull.sim.executors import (BSP, MGWFBP, STRATEGIES, WFBP, ByteScheduler, Fusion, make_strategy,
                                      mgwfbp_merge)
 from pushpull.sim.synthetic import synthetic_profile, transformer_like
 

@@ -19,8 +19,8 @@ from pushpull.policy.bytescheduler import DEFAULTS as BS_DEFAULTS
 from pushpull.profiles import Profile, ProfileError, load_profile
 from pushpull.sim.config import (ClusterConfig, Compression, CpuCosts, format_bandwidth, format_bytes,
                                  parse_bandwidth, parse_bytes, parse_duration, read_probe)
-from pushpull.sim.engine import SimResult, _scaled, simulate
-from pushpull.sim.strategies import STRATEGIES, ByteScheduler, Fusion, Strategy, make_strategy
+from pushpull.sim.events import SimResult, _scaled, simulate
+from pushpull.sim.executors import STRATEGIES, ByteScheduler, Fusion, Strategy, make_strategy
 
 SWEEP_KEYS = ("bandwidth", "ratio", "workers", "servers", "compute_scale")
 

@@ -4,7 +4,7 @@ What an outer round costs: each worker takes H inner steps alone (compute only),
 model is exchanged once per H steps (Streaming DiLoCo: F fragments at staggered steps, H/F apart): the
 pseudo-gradient goes up through the codec and the servers answer with the whole new global parameters
 (pushpull/server/server.py: an outer key answers uncompressed). The exchange itself is the simulator's: one
-synchronous reduction of the fragment's bytes on the PS network (:func:`pushpull.sim.engine.simulate`, zero
+synchronous reduction of the fragment's bytes on the PS network (:func:`pushpull.sim.events.simulate`, zero
 compute, compressed one way).
 
 How the exchange meets the compute, per round of H steps and F fragments of exchange time X each:
@@ -99,8 +99,8 @@ def _fragment_sizes(numels: list[int], count: int) -> list[list[int]]:
 def exchange_s(numels: list[int], cluster: ClusterConfig, ratio: float, dtype: str = "float32") -> float:
     """One synchronous exchange of these tensors on ``cluster``'s PS network: pushes ``ratio`` times
     smaller than the tensors, answers whole."""
-    from pushpull.sim.engine import simulate
-    from pushpull.sim.strategies import BSP
+    from pushpull.sim.events import simulate
+    from pushpull.sim.executors import BSP
 
     prof = synthetic_profile([list(numels)], fwd_s=0.0, dtype=dtype)
     comp = Compression(ratio=ratio, answer_ratio=1.0, min_compress_bytes=0) if ratio != 1.0 else None

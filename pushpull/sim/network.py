@@ -91,9 +91,10 @@ class Message:
 class PSNetwork:
     """Fluid PS network: FIFO per connection, max-min fair across connections.
 
-    Connections are keyed ("push", s) and ("pull", s); the engine calls
-    :meth:`send`, asks :meth:`next_time` for the next completion and calls
-    :meth:`advance_to` to move time (which fires ``on_done(t)``).
+    Connections are keyed ("push", s) and ("pull", s); the event simulation
+    (:mod:`pushpull.sim.events`) calls :meth:`send`, asks :meth:`next_time`
+    for the next completion and calls :meth:`advance_to` to move time (which
+    fires ``on_done(t)``).
     """
 
     def __init__(self, workers: int, servers: int, bandwidth: float, server_bandwidth: float,
@@ -173,7 +174,7 @@ class PSNetwork:
                 if cpu.shared_cores is not None and (w > 0 or srv > 0):
                     path.append(("POOL", n * (w + srv)))
 
-    # -- engine interface -----------------------------------------------------
+    # -- event simulation interface ------------------------------------------
     def send(self, conn: tuple[str, int], msg: Message) -> None:
         q = self.queues[conn]
         q.append(msg)

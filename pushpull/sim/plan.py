@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from pushpull.profiles import Profile
 from pushpull.sim.config import ClusterConfig, SimOptions, format_bytes
-from pushpull.sim.engine import SimResult, _scaled, simulate
-from pushpull.sim.strategies import BSP, MGWFBP, WFBP, ByteScheduler, Fusion, Strategy
+from pushpull.sim.events import SimResult, _scaled, simulate
+from pushpull.sim.executors import BSP, MGWFBP, WFBP, ByteScheduler, Fusion, Strategy
 
 MB = 1_000_000
 # The fluid network charges a message only its latency, so it would always
@@ -88,7 +88,7 @@ def plan(profile: Profile, cluster: ClusterConfig, options: SimOptions | None = 
 
     ``options`` (e.g. ``layerwise_update=False``) and ``fusion`` (the job's own
     threshold and cycle) let a running job plan for what it really runs
-    (:mod:`pushpull.torch.strategies.auto`)."""
+    (:mod:`pushpull.torch.executors.auto`)."""
     results: list[tuple[Strategy, SimResult]] = []
     for s in (BSP(), WFBP(), fusion or Fusion(), MGWFBP()):
         results.append((s, _sim(profile, cluster, s, options)))

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pushpull.profiles import LayerProfile, Profile, TensorSpec, load_profile
 from pushpull.sim.config import (ClusterConfig, CpuCosts, SimOptions, format_bandwidth, parse_bandwidth, parse_bytes,
                                  parse_duration)
-from pushpull.sim.engine import simulate
-from pushpull.sim.strategies import MGWFBP, ByteScheduler, make_strategy
+from pushpull.sim.events import simulate
+from pushpull.sim.executors import MGWFBP, ByteScheduler, make_strategy
 
 REQUIRED = ("model", "strategy", "backend", "workers", "bandwidth", "measured_step_s")
 UNLIMITED = 1 << 40   # the benchmark grid's "whole" / "inf"

@@ -8,8 +8,8 @@ from pushpull.tensorflow.ops import (  # noqa: F401
     broadcast_object, broadcast_variables, distributed, grouped_allreduce, init, is_initialized, local_rank,
     local_size, push_pull, rank, reduce_many, shutdown, size,
 )
-from pushpull.torch.compression import Compression  # noqa: F401
+from pushpull.worker.compression import Compression  # noqa: F401
 from pushpull.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from pushpull.tensorflow.optimizer import BroadcastGlobalVariablesHook, DistributedOptimizer  # noqa: F401
 from pushpull.worker.handle import PushPullError  # noqa: F401
-from pushpull.torch.functions import BroadcastError  # noqa: F401
+from pushpull.worker.broadcast import BroadcastError  # noqa: F401

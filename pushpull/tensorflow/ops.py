@@ -1,10 +1,9 @@
 """TensorFlow collectives over pushpull's parameter servers (``import pushpull.tensorflow as bps``).
 
-The binding is a thin adapter over :mod:`pushpull.torch`'s engine: the wire
-format is framework-neutral, so a TensorFlow tensor crosses into the engine as
-a NumPy array viewed by ``torch.from_numpy`` (no copy when the array is
-writable) and comes back as a NumPy array. One engine per process serves
-both, so a script may mix them.
+The binding is a thin adapter over the framework-neutral job context
+(:mod:`pushpull.worker.context`): a TensorFlow tensor crosses into the engine
+as a NumPy array and comes back as one; torch is not needed. One engine per
+process serves every binding, so a script may mix them.
 
 Eagerly, a reduction runs in Python directly. Inside a ``tf.function`` it
 becomes two kinds of ``tf.py_function`` op: one *start* op per tensor, which
@@ -21,23 +20,14 @@ import logging
 
 import numpy as np
 import tensorflow as tf
-import torch
 
-from pushpull.torch import functions as _fn
-from pushpull.torch import ops as _ops
-from pushpull.torch.compression import Compression, Compressor
+from pushpull.worker import broadcast as _bc
+from pushpull.worker.compression import Compression, Compressor
+from pushpull.worker.context import (  # noqa: F401 - Horovod's names
+    CONTEXT as _ctx, barrier, distributed, init, is_initialized, local_rank, local_size, rank, shutdown, size,
+)
 
 log = logging.getLogger("pushpull.tensorflow")
-
-init = _ops.init
-shutdown = _ops.shutdown
-is_initialized = _ops.is_initialized
-rank = _ops.rank
-size = _ops.size
-local_rank = _ops.local_rank
-local_size = _ops.local_size
-barrier = _ops.barrier
-
 
 class ReduceOp(int):
     """Horovod's reduction operators. This binding reduces with Average (the sum divided by size()) and Sum."""
@@ -57,11 +47,6 @@ Product = ReduceOp(5)
 
 # TF dtypes the servers can sum (bool, complex and strings cannot be reduced; they can be broadcast)
 _REDUCIBLE = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8}
-
-
-def distributed() -> bool:
-    """True when collectives leave the process (several workers, or BYTEPS_FORCE_DISTRIBUTED)."""
-    return _ops.size() > 1 or _ops.config().force_distributed
 
 
 def _average_of(average: bool | None, op) -> bool:
@@ -105,36 +90,19 @@ def _check_graph_ok(what: str) -> None:
                            f"jit_compile=False (Keras: model.compile(..., jit_compile=False))")
 
 
-# ------------------------------------------------------------------ NumPy <-> torch --
-
-def _as_torch(arr: np.ndarray) -> torch.Tensor:
-    """A torch view of a NumPy array (copied first only when it is read-only or strided).
-    bfloat16 (ml_dtypes) has no torch.from_numpy mapping: it travels as its bits."""
-    arr = np.asarray(arr)
-    if not arr.flags.c_contiguous or not arr.flags.writeable:
-        arr = np.array(arr, order="C", copy=True)
-    if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
-
-
-def _as_numpy(t: torch.Tensor, like: np.dtype) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(like)
-    return t.numpy()
-
-
 # ------------------------------------------------------------------ reductions --
 
 def _start_np(arr: np.ndarray, name: str, average: bool, priority: int, compression, prescale: float) -> int:
-    t = _as_torch(arr)
+    arr = np.asarray(arr)
     if prescale != 1.0:
-        t = t * prescale  # a new tensor: the caller's array is never written
-    return _ops.push_pull_async(t, average=average, name=name, priority=priority, compression=compression)
+        arr = (arr * prescale).astype(arr.dtype, copy=False)  # a new array: the caller's is never written
+    return _ctx.push_pull_async(arr, None, average, name, priority, compression)
 
 
 def _finish_np(handle: int, like: np.dtype, postscale: float) -> np.ndarray:
-    out = _as_numpy(_ops.synchronize(handle), like)
+    out = np.asarray(_ctx.synchronize(handle))
+    if out.dtype != like:  # bfloat16 without ml_dtypes' type comes back as its bits
+        out = out.view(like)
     if postscale != 1.0:
         out = (out * postscale).astype(like, copy=False)
     return out
@@ -236,7 +204,7 @@ def push_pull(tensor, scope: str = "", average: bool | None = None, device_dense
     """
     if enable_async:
         raise NotImplementedError("enable_async (asynchronous parameter updates) is not provided by pushpull")
-    _ops._need_init()
+    _ctx.need_init()
     name = name or f"tf.push_pull.{scope + '.' if scope else ''}noname.{next(_unnamed)}"
     return reduce_many([tensor], [name], [priority], _average_of(average, op), compression,
                        prescale_factor, postscale_factor)[0]
@@ -254,7 +222,7 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
 def grouped_allreduce(tensors, average: bool | None = None, compression=Compression.none, op=None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None):
     """Horovod's ``grouped_allreduce``: all in flight together."""
-    _ops._need_init()
+    _ctx.need_init()
     base = name or f"tf.grouped.noname.{next(_unnamed)}"
     return reduce_many(list(tensors), [f"{base}.{i}" for i in range(len(tensors))], None,
                        _average_of(average, op), compression, prescale_factor, postscale_factor)
@@ -263,13 +231,11 @@ def grouped_allreduce(tensors, average: bool | None = None, compression=Compress
 # ------------------------------------------------------------------ broadcasts --
 
 def _broadcast_np(arrays: list[np.ndarray], names: list[str], root_rank: int, check: bool) -> list[np.ndarray]:
-    """Root's values for every array, bit-exact (pushpull.torch's integer-view broadcast)."""
-    pairs = [(nm, _as_torch(a).clone()) for nm, a in zip(names, arrays)]
+    """Root's values for every array, bit-exact (the integer-view broadcast of pushpull.worker.broadcast)."""
+    pairs = [(nm, np.asarray(a)) for nm, a in zip(names, arrays)]
     if check:  # every rank checks that all hold the same set of tensors, or all raise naming who differs
-        _fn.broadcast_parameters(pairs, root_rank, prefix="tf.broadcast.")
-    else:
-        _fn._broadcast_many(pairs, root_rank)
-    return [_as_numpy(t, a.dtype).reshape(a.shape) for (_, t), a in zip(pairs, arrays)]
+        return _bc.broadcast_checked(pairs, root_rank, prefix="tf.broadcast.")
+    return _bc.broadcast_arrays(pairs, root_rank)
 
 
 def _var_name(v, i: int) -> str:
@@ -279,8 +245,8 @@ def _var_name(v, i: int) -> str:
 
 def broadcast(tensor, root_rank: int, scope: str = "", name: str | None = None, is_variable: bool = True):
     """``root_rank``'s value of ``tensor`` on every rank (a new tensor), bit-exact for every dtype."""
-    _ops._need_init()
-    _fn._check_root(root_rank)
+    _ctx.need_init()
+    _bc.check_root(root_rank)
     t = tf.convert_to_tensor(tensor)
     if not distributed():
         return tf.identity(t)
@@ -301,8 +267,8 @@ def broadcast_variables(variables, root_rank: int, scope: str = "", prefix: str 
     differs, every rank raises an error naming it, rather than waiting forever. Eagerly the variables
     are assigned at once; in a graph the returned op assigns them.
     """
-    _ops._need_init()
-    _fn._check_root(root_rank)
+    _ctx.need_init()
+    _bc.check_root(root_rank)
     variables = list(variables)
     if not distributed() or not variables:
         return None if tf.executing_eagerly() else tf.no_op()
@@ -338,5 +304,6 @@ def broadcast_global_variables(root_rank: int):
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None):
     """``root_rank``'s object on every rank: JSON when it round-trips, else torch.save bytes that load
     without running code unless ``allow_pickle`` (docs/api.md: differs from Horovod on purpose)."""
-    return _fn.broadcast_object(obj, root_rank, name=name and "tf." + name, allow_pickle=allow_pickle)
+    _ctx.need_init()
+    return _bc.broadcast_object(obj, root_rank, name=name and "tf." + name, allow_pickle=allow_pickle)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from pushpull.tensorflow import ops as _ops
-from pushpull.torch.compression import Compression
+from pushpull.worker.compression import Compression
 
 
 class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):

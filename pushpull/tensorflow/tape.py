@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from pushpull.tensorflow import ops as _ops
-from pushpull.torch.compression import Compression
+from pushpull.worker.compression import Compression
 
 
 def _flatten(sources):

@@ -12,16 +12,16 @@ waiting forever.
 """
 from __future__ import annotations
 
-import io
-import json
-import zlib
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from pushpull import dtypes
 from pushpull.torch import ops
 from pushpull.transport.protocol import round_sig
+from pushpull.worker import broadcast as _neutral
+from pushpull.worker.broadcast import BroadcastError  # noqa: F401 - one class for every binding
 from pushpull.worker.engine import KeySpec
 
 __all__ = ["broadcast", "broadcast_", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
@@ -33,18 +33,12 @@ KIND = "broadcast"
 _SPEC = KeySpec(kind=KIND)
 
 
-class BroadcastError(RuntimeError):
-    """The ranks disagree about what is being broadcast."""
-
-
 def _distributed() -> bool:
     return ops.size() > 1 or ops.config().force_distributed
 
 
 def _check_root(root_rank: int) -> None:
-    n = ops.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
-        raise ValueError(f"root_rank={root_rank!r} is not a rank of this job (size {n})")
+    _neutral.check_root(root_rank)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -176,25 +170,6 @@ def _check_global(process_set) -> None:
                                   "workers (pass no process_set, or global_process_set)")
 
 
-def _agree(ok: bool, what: str, detail: str, name: str) -> None:
-    """Every rank says whether it agrees with the root; all raise if any rank does not."""
-    n = ops.size()
-    flags = torch.zeros(n, dtype=torch.int32)
-    if not ok:
-        flags[ops.rank()] = 1
-    # one flag per rank: the size is in the name
-    flags = ops.reduce_now(flags, None, False, f"{name}.n{n}", sig=round_sig(average=False))
-    bad = [r for r in range(n) if flags[r].item()]
-    if bad:
-        mine = f"; this rank ({ops.rank()}): {detail}" if not ok else ""
-        raise BroadcastError(f"{what} differs between the root and rank(s) {bad}{mine}")
-
-
-def _fingerprint(items: list[tuple[str, torch.Tensor]]) -> int:
-    text = ";".join(f"{n}:{t.dtype}:{list(t.shape)}" for n, t in items)
-    return zlib.crc32(text.encode())
-
-
 def _items(params) -> list[tuple[str, torch.Tensor]]:
     if isinstance(params, dict):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
@@ -250,73 +225,17 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "parameters.", pr
     if not _distributed():
         return
     base = f"{KIND}.{prefix}"
-    fp = torch.tensor([_fingerprint(items)], dtype=torch.int64)
-    got = fp.clone()
-    _broadcast_many([(base + "__fingerprint__", got)], root_rank)
-    _agree(bool(got.item() == fp.item()), "the set of tensors to broadcast (names, dtypes, shapes)",
-           f"{len(items)} tensors: {[n for n, _ in items[:5]]}...", base + "__agree__")
+    fp = np.array([_neutral.fingerprint([(n, str(t.dtype).replace("torch.", ""), tuple(t.shape))
+                                         for n, t in items])], dtype=np.int64)
+    got = _neutral.broadcast_arrays([(base + "__fingerprint__", fp)], root_rank)[0]
+    _neutral.agree(bool(got[0] == fp[0]), "the set of tensors to broadcast (names, dtypes, shapes)",
+                   f"{len(items)} tensors: {[n for n, _ in items[:5]]}...", base + "__agree__")
     _broadcast_many([(base + n, t) for n, t in items], root_rank)
 
 
 # ------------------------------------------------------------------ objects --
 
-def _encode(obj, allow_pickle: bool) -> bytes:
-    """JSON when it round-trips exactly (types included), else torch.save (pickle-based)."""
-    try:
-        text = json.dumps(obj, allow_nan=False, sort_keys=False)
-        if json.loads(text) == obj and _same_types(json.loads(text), obj):
-            return b"J" + text.encode()
-    except (TypeError, ValueError, RecursionError):
-        pass
-    if not allow_pickle:
-        raise TypeError(f"cannot send {type(obj).__name__} as JSON")
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return b"T" + buf.getvalue()
-
-
-def _same_types(a, b) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return all(_same_types(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return all(_same_types(a[k], b[k]) for k in a)
-    return True
-
-
-def _decode(data: bytes, allow_pickle: bool, what: str = "broadcast_object"):
-    """The receiver's policy picks the decoder, never the payload: JSON, or torch.load with
-    ``weights_only`` (tensors, containers, numbers: no code runs) unless the receiver opted into pickle."""
-    if data[:1] == b"J":
-        try:
-            return json.loads(data[1:].decode())
-        except (UnicodeDecodeError, ValueError) as e:
-            raise BroadcastError(f"{what}: the root's JSON does not parse: {e}") from None
-    if data[:1] == b"T":
-        try:
-            return torch.load(io.BytesIO(data[1:]), map_location="cpu", weights_only=not allow_pickle)
-        except Exception as e:
-            if allow_pickle:
-                raise BroadcastError(f"{what}: the root's object does not load: {e}") from None
-            raise BroadcastError(f"{what}: the root sent an object that needs pickle to rebuild (only tensors, "
-                                 f"containers and numbers load safely); pass allow_pickle=True or set "
-                                 f"PUSHPULL_ALLOW_PICKLE=1 on every rank if you trust every process that can join "
-                                 f"the job ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    raise BroadcastError(f"{what} received bytes in an unknown format")
-
-
-def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
-    is_root = ops.rank() == root_rank
-    length = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
-    _broadcast_many([(name + ".len", length)], root_rank)
-    n = int(length.item())
-    cap = 1 << max(6, (n - 1).bit_length())  # a few sizes, so the servers keep a few keys
-    buf = torch.zeros(cap, dtype=torch.uint8)
-    if is_root:
-        buf[:n] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    _broadcast_many([(f"{name}.bytes{cap}", buf)], root_rank)
-    return data if is_root else bytes(buf[:n].numpy())
+_decode = _neutral.decode
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pickle: bool | None = None,
@@ -331,17 +250,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, allow_pic
     """
     ops._need_init()
     _check_global(process_set)
-    _check_root(root_rank)
-    if not _distributed():
-        return obj
-    name = name or "object"
-    data = _encode(obj, allow_pickle=True) if ops.rank() == root_rank else None
-    out = _broadcast_bytes(data, root_rank, f"{KIND}.{name}")
-    if ops.rank() == root_rank:
-        return obj
-    if allow_pickle is None:
-        allow_pickle = bool(ops.config().allow_pickle)
-    return _decode(out, allow_pickle, f"broadcast_object {name!r}")
+    return _neutral.broadcast_object(obj, root_rank, name, allow_pickle)
 
 
 # ------------------------------------------------------------------ optimizer --
@@ -389,7 +298,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     prefix = f"{KIND}.{prefix}"
     sd = optimizer.state_dict()
     layout = _layout(sd) if is_root else None
-    data = _broadcast_bytes(_encode(layout, allow_pickle=True) if is_root else None, root_rank, prefix + "layout")
+    data = _neutral.broadcast_bytes(_neutral.encode(layout, allow_pickle=True) if is_root else None, root_rank,
+                                    prefix + "layout")
     if not is_root:
         try:  # plain data only: hyperparameters, shapes, numbers (no arbitrary unpickling)
             layout = _decode(data, allow_pickle=False, what="broadcast_optimizer_state")
@@ -400,8 +310,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
     mine = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [g["__params__"] for g in layout["groups"]]
-    _agree(mine == theirs, "the optimizer's parameter groups",
-           f"parameters per group {mine}, root has {theirs}", prefix + "__agree__")
+    _neutral.agree(mine == theirs, "the optimizer's parameter groups",
+                   f"parameters per group {mine}, root has {theirs}", prefix + "__agree__")
 
     params = [p for g in optimizer.param_groups for p in g["params"]]
     groups_of = [g_root for g_root, g in zip(layout["groups"], optimizer.param_groups) for _ in g["params"]]

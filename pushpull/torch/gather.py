@@ -16,7 +16,8 @@ import torch
 from pushpull.torch import ops
 from pushpull.torch.collectives import _SERVER_OP, Average, Sum, _grad_name, _op, _scale, _scale_into, _spec, allreduce, \
     global_process_set
-from pushpull.torch.functions import BroadcastError, _check_global, _decode, _distributed, _encode
+from pushpull.torch.functions import BroadcastError, _check_global, _distributed
+from pushpull.worker.broadcast import decode as _decode, encode as _encode
 from pushpull.transport.protocol import SIG_DTYPES, round_sig
 from pushpull.worker.engine import KeySpec
 from pushpull.worker.handle import PushPullError

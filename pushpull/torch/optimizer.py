@@ -21,8 +21,8 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.torch.executors import make_strategy
 from pushpull.torch.hooks import register_step_callback, step_done
-from pushpull.torch.strategies import make_strategy
 from pushpull.worker import trace as _trace
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def _strategy_options(name: str) -> set[str]:
     import inspect
 
     from pushpull import policy
-    from pushpull.torch.strategies import _OVERRIDES, strategy_class
+    from pushpull.torch.executors import _OVERRIDES, strategy_class
 
     try:
         klass = strategy_class(name)
@@ -269,8 +269,8 @@ def _strategy_options(name: str) -> set[str]:
 def check_strategy_options(func: str, strategy: str, options: dict, own: set) -> None:
     """Options that strategy ``strategy`` does not take raise, naming the nearest valid one (or the strategy
     that takes it)."""
+    from pushpull.torch.executors import names
     from pushpull.torch.kwargs import unknown_keyword
-    from pushpull.torch.strategies import names
 
     allowed = _strategy_options(strategy)
     for k in options:

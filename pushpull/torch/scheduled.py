@@ -34,8 +34,8 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.torch.executors import make_strategy
 from pushpull.torch.hooks import register_step_callback, step_done
-from pushpull.torch.strategies import make_strategy
 
 log = logging.getLogger(__name__)
 

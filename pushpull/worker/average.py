@@ -9,14 +9,13 @@ worker's round that completed without some ranks.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from pushpull import dtypes
-from pushpull.worker.table import DTYPE_NAME, Entry, Partition
+from pushpull.worker.table import Entry, Partition
 
-# dtypes NumPy can average in place as they arrive (bfloat16 has no NumPy type)
-NP_FLOAT = {t: dtypes.BY_NAME[n].np_native for t, n in DTYPE_NAME.items()
-            if dtypes.BY_NAME[n].floating and dtypes.BY_NAME[n].np_native is not None}
+# dtypes NumPy can average in place as they arrive, by name (bfloat16 has no NumPy type)
+NP_FLOAT = {d.name: d.np_native for d in dtypes.DTYPES
+            if d.floating and d.np_native is not None and d.header is not None}
 
 
 class Averager:
@@ -43,35 +42,46 @@ class Averager:
         does not fit."""
         if len(buf) != p.nbytes:
             return f"tensor {e.name!r}: server {p.server} answered {len(buf)} bytes for a partition of {p.nbytes}"
-        npdt = NP_FLOAT.get(e.dtype) if average and self.size > 1 else None
+        npdt = NP_FLOAT.get(e.dtype.name) if average and self.size > 1 else None
         if npdt is not None:  # average while copying: one pass over the data instead of two
             np.divide(np.frombuffer(buf, dtype=npdt), npdt(self._count(inv)), out=dst.view(npdt))
         else:
             np.copyto(dst, np.frombuffer(buf, dtype=np.uint8))
         return None
 
-    def scale(self, dst: np.ndarray, dtype: torch.dtype, average: bool, inv: float | None = None) -> None:
+    def scale(self, dst: np.ndarray, dtype: dtypes.DType, average: bool, inv: float | None = None) -> None:
         """A decompressed partition, in place (divided by size, or by the pushes summed with backup workers)."""
-        npdt = NP_FLOAT.get(dtype) if average and self.size > 1 else None
+        npdt = NP_FLOAT.get(dtype.name) if average and self.size > 1 else None
         if npdt is not None:
             typed = dst.view(npdt)
             np.divide(typed, npdt(self._count(inv)), out=typed)
 
-    def finish(self, out: torch.Tensor, average: bool, counts: list | None = None) -> None:
-        """Average what was not averaged on arrival (dtypes NumPy cannot scale in place); integers are
-        divided rounding toward zero, as C integer division. ``counts``: backup workers' partitions, each
-        divided by the pushes its sum holds."""
+    def finish(self, out: np.ndarray, dtype: dtypes.DType, average: bool, counts: list | None = None) -> None:
+        """Average what was not averaged on arrival (dtypes NumPy cannot scale in place), in ``out``, the
+        result's bytes; integers are divided rounding toward zero, as C integer division. ``counts``: backup
+        workers' partitions, each divided by the pushes its sum holds."""
         if counts:
-            flat = out.reshape(-1).view(torch.uint8)
             for off, nbytes, count in counts:
-                part = flat[off:off + nbytes].view(out.dtype)
-                if out.dtype.is_floating_point:
-                    part.div_(count)
-                else:
-                    part.copy_(torch.div(part, count, rounding_mode="trunc"))
+                _divide(out[off:off + nbytes], dtype, count)
             return
-        if average and self.size > 1 and out.dtype not in NP_FLOAT:
-            if out.dtype.is_floating_point:
-                out.div_(self.size)
-            else:
-                out.copy_(torch.div(out, self.size, rounding_mode="trunc"))
+        if average and self.size > 1 and dtype.name not in NP_FLOAT:
+            _divide(out, dtype, self.size)
+
+
+def _divide(raw: np.ndarray, dtype: dtypes.DType, count: int) -> None:
+    """``raw`` (bytes of ``dtype``) divided by ``count`` in place: floats rounded as the dtype rounds, bfloat16
+    through float32 and back rounding to nearest even (as torch does), integers toward zero."""
+    typed = raw.view(dtype.np_wire)
+    if dtype.name == "bfloat16":
+        wide = (typed.astype(np.uint32) << 16).view(np.float32) / np.float32(count)
+        bits = wide.view(np.uint32)
+        nan = np.isnan(wide)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits[nan] = (wide.view(np.uint32)[nan] >> 16) | 0x40  # a NaN stays a (quiet) NaN
+        typed[...] = bits.astype(np.uint16)
+    elif dtype.floating:
+        np.divide(typed, typed.dtype.type(count), out=typed)
+    else:
+        q, r = np.divmod(typed, typed.dtype.type(count))
+        q[(r != 0) & (typed < 0)] += 1  # floor to trunc: a negative quotient with a remainder rounds up
+        typed[...] = q

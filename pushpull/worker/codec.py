@@ -10,15 +10,16 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import torch
+import torch  # the compressors are written in torch (they also run on CUDA tensors): compression needs it
 
+from pushpull import dtypes
 from pushpull.compression import build, decode_payload
 
 
 class WorkerCodec:
-    def __init__(self, spec: dict, dtype: torch.dtype, numel: int, key: int = 0,
+    def __init__(self, spec: dict, dtype: dtypes.DType, numel: int, key: int = 0,
                  lr_getter: Callable[[], float] | None = None):
-        self.dtype = dtype
+        self.dtype = dtype.torch
         self.numel = numel
         self.chain = build(spec, lr_getter=lr_getter, seed_offset=key)
 

@@ -20,10 +20,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import torch
+import numpy as np
 import zmq
 
 from pushpull.cluster.address import server_address
+from pushpull.dtypes import BY_NAME, DType
 from pushpull import metrics
 from pushpull.cluster.nodes import worker_identity
 from pushpull.cluster.member import Member
@@ -40,13 +41,15 @@ from pushpull.worker.direct import DirectPath
 from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
-from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED, DTYPE_NAME: the API's names
-    DTYPE_NAME, FAILED, INITING, NP_VIEW, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition,
+from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED: the API's names
+    FAILED, INITING, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition,
     TensorTable, raw_bytes,
 )
+from pushpull.worker.tensors import kind_of
 from pushpull.worker.window import AutoWindow
 
 log = logging.getLogger(__name__)
+UINT8 = BY_NAME["uint8"]  # a concat key's bytes
 KEYS_PER_SERVER = 16  # a default key is at most the model's gradient bytes / (this x servers): fit_default_keys
 FINISH_AFTER_ERROR_S = 2.0  # how long a worker that raised an error waits for the others at shutdown
 
@@ -233,10 +236,16 @@ class Engine:
         """Reduce with this machine's other processes first (pushpull.worker.local_reduce), when every worker
         can: decided from the address book, the same on every worker."""
         from pushpull.transport.security import job_secret
-        from pushpull.worker.local_reduce import LocalReduce
 
         ident = self.ident
         if ident.local_size <= 1:
+            return
+        try:
+            from pushpull.worker.local_reduce import LocalReduce  # sums in torch: torch tensors only
+        except ImportError as ex:
+            self.local_reason = f"the local reduce needs torch ({ex})"
+            log.info("worker %d: no local reduce (%s): every process pushes whole tensors", self.rank,
+                     self.local_reason)
             return
         args, why = LocalReduce.plan(book, self.rank, ident.local_rank, ident.local_size, self.cfg.local_reduce,
                                      self.servers_local, self.cfg.min_workers, job_secret(self.cfg))
@@ -388,20 +397,22 @@ class Engine:
             log.warning("worker %d: %s", self.rank, msg)
         return msg
 
-    def declare(self, name: str, tensor: torch.Tensor, compression: dict | None = None,
-                spec: KeySpec = PLAIN) -> Entry:
+    def declare(self, name: str, tensor, compression: dict | None = None, spec: KeySpec = PLAIN) -> Entry:
+        """Fix ``name``'s shape and dtype from ``tensor`` (a torch tensor or NumPy array) before its first use."""
+        kind = kind_of(tensor)
         with self.table_lock:
-            return self._entry(name, tuple(tensor.shape), tensor.dtype, compression, spec)
+            return self._entry(name, kind.shape(tensor), kind.dtype(tensor), compression, spec)
 
-    def _entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None,
+    def _entry(self, name: str, shape: tuple, dtype: DType, compression: dict | None,
                spec: KeySpec = PLAIN) -> Entry:
         """The partition stage (:meth:`TensorTable.entry`) at this config's sizes; with the table lock held."""
         return self.table.entry(name, shape, dtype, compression, spec, self.cfg)
 
-    def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool,
+    def submit(self, tensor, output, name: str, average: bool,
                priority: int = 0, compression: dict | None = None, spec: KeySpec = PLAIN, sig: int = 0,
                offset: int = 0) -> Handle:
-        """Start a push_pull of ``tensor`` into ``output`` (a new tensor if None).
+        """Start a push_pull of ``tensor`` (a torch tensor or a NumPy array: worker/tensors.py) into
+        ``output`` (a new one of the same kind if None).
 
         ``spec``: what the key is (op, readers, ...; :class:`KeySpec`); ``sig``: this round's signature, which
         every worker must send equal (the server fails the round on every rank otherwise); ``offset``: for a
@@ -409,45 +420,42 @@ class Engine:
         readers gets no output (the handle's output is None).
 
         With the local reduce, sums go through this machine's other processes first (each pushes a slice)."""
-        if self.local is not None and self.local.applies(spec):
+        if self.local is not None and self.local.applies(spec) and not isinstance(tensor, np.ndarray):
             self.raise_if_changed(name)
             return self.local.submit(tensor, output, name, average, priority, compression, spec, sig)
         return self.submit_flat(tensor, output, name, average, priority, compression, spec, sig, offset)
 
-    def submit_flat(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool,
+    def submit_flat(self, tensor, output, name: str, average: bool,
                     priority: int = 0, compression: dict | None = None, spec: KeySpec = PLAIN, sig: int = 0,
                     offset: int = 0) -> Handle:
         """:meth:`submit` without the local reduce: this process pushes ``tensor`` itself."""
-        if tensor.dtype not in SUPPORTED:
-            raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported; "
-                            f"use one of {sorted(DTYPE_NAME[d] for d in SUPPORTED)}")
+        kind = kind_of(tensor, f"push_pull of tensor {name!r}")
+        try:
+            dtype = kind.dtype(tensor)
+        except TypeError as ex:
+            raise TypeError(f"push_pull of tensor {name!r}: {ex}") from None
         if self.member.failure:
             raise PushPullError(f"push_pull of tensor {name!r}: {self.member.failure}")
         self.raise_if_changed(name)
-        device = tensor.device
-        src = tensor.detach()
-        if src.device.type != "cpu":
-            src = src.to("cpu")
-        src = src.contiguous()
+        src, device = kind.host(tensor)
         concat = spec.op == "concat"
         if concat:
-            if src.dtype != torch.uint8 or not 0 <= offset <= offset + src.numel() <= spec.numel:
+            if dtype is not UINT8 or not 0 <= offset <= offset + src.size <= spec.numel:
                 raise ValueError(f"tensor {name!r}: a concat push is uint8 bytes inside the key's {spec.numel} "
-                                 f"bytes, got {src.dtype}[{src.numel()}] at offset {offset}")
-            shape, dtype = (spec.numel,), torch.uint8
+                                 f"bytes, got {dtype.name}[{src.size}] at offset {offset}")
+            shape = (spec.numel,)
         else:
-            shape, dtype = tuple(src.shape), src.dtype
+            shape = kind.shape(src)
         reader = spec.readers is None or self.rank in spec.readers
         user_out = None
         if not reader:
             out = None
         elif output is None:
-            out = torch.empty(shape, dtype=dtype) if concat else torch.empty_like(
-                src, memory_format=torch.contiguous_format)
-        elif output.device.type == "cpu" and output.is_contiguous():
+            out = kind.empty(shape, dtype)
+        elif kind.writable(output):
             out = output
         else:
-            out = torch.empty(output.shape, dtype=output.dtype)
+            out = kind.empty(kind.shape(output), kind.dtype(output))
             user_out = output
         with self.table.lock:
             try:
@@ -462,14 +470,14 @@ class Engine:
                 raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
                                  f"starting another with the same name")
             entry.busy = True
-        inp = raw_bytes(src)
+        inp = kind.raw(src)
         if out is None:
             out_bytes = None
         else:
-            out_bytes = inp if out.data_ptr() == src.data_ptr() and not concat else raw_bytes(out)  # in place: one view
+            out_bytes = inp if kind.same_memory(out, src) and not concat else kind.raw(out)  # in place: one view
         op = Op(Handle(name, None), entry, inp, out, out_bytes, average, priority,
-                device=device if device.type != "cpu" and reader else None, user_out=user_out, sig=sig,
-                reader=reader, offset=offset)
+                device=device if reader else None, user_out=user_out, sig=sig, reader=reader, offset=offset,
+                kind=kind)
         op.handle._describe = lambda: self._describe(op)
         op.handle._abandon = lambda why: self._give_up(op, why)
         op.gen = self.kv.gen
@@ -521,8 +529,7 @@ class Engine:
                 self.kv.abort(p, e.round, e.code, body)
         self.van.call_soon(send)
 
-    def push_pull_now(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
-                      average: bool, sig: int = 0, spec: KeySpec = PLAIN) -> torch.Tensor | None:
+    def push_pull_now(self, tensor, output, name: str, average: bool, sig: int = 0, spec: KeySpec = PLAIN):
         """A blocking push_pull done on the caller's thread (:mod:`pushpull.worker.direct`), or None
         where it needs the engine (first use, several partitions, compression, tracing, GPU tensors,
         one already in flight): the caller then submits it as usual."""
@@ -532,9 +539,11 @@ class Engine:
         if (e is None or e.state is not READY or direct is None or direct.closed or self.cfg.direct_bytes <= 0
                 or len(e.parts) != 1 or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
                 or (e.spec is not spec and e.spec != spec) or spec.op == "concat" or spec.readers is not None
-                or self.pipeline.tracer is not None or not tensor.is_cpu or tensor.dtype != e.dtype
-                or tensor.shape != e.shape or self.member.failure
-                or (output is not None and (not output.is_cpu or not output.is_contiguous()))):
+                or self.pipeline.tracer is not None or tensor.shape != e.shape or self.member.failure):
+            return None
+        kind = kind_of(tensor)
+        if (not kind.on_host(tensor) or kind.dtype(tensor) is not e.dtype
+                or (output is not None and not kind.writable(output))):
             return None
         with self.table_lock:
             if e.busy or e.state is not READY:
@@ -542,7 +551,7 @@ class Engine:
             e.busy = True
         try:
             self.raise_if_changed(name)
-            return self._push_pull_now(e, tensor, output, name, average, sig)
+            return self._push_pull_now(kind, e, tensor, output, name, average, sig)
         except WorkersChanged:
             self.changed_unseen = False
             raise
@@ -552,14 +561,11 @@ class Engine:
         finally:
             e.busy = False
 
-    def _push_pull_now(self, e: Entry, tensor: torch.Tensor, output: torch.Tensor | None, name: str,
-                       average: bool, sig: int = 0) -> torch.Tensor:
+    def _push_pull_now(self, kind, e: Entry, tensor, output, name: str, average: bool, sig: int = 0):
         """The exchange itself, with ``e`` marked busy; every way of not getting the sum raises."""
         direct = self.direct
-        src = tensor.detach() if tensor.requires_grad else tensor
-        if not src.is_contiguous():
-            src = src.contiguous()
-        out = torch.empty_like(src) if output is None else output
+        src = kind.host(tensor)[0]
+        out = kind.empty(e.shape, e.dtype) if output is None else output
         p = e.parts[0]
         e.round += 1
         gen = self.gen
@@ -570,7 +576,7 @@ class Engine:
                                               nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
         header.sender, header.round, header.gen, header.req_id = self.rank, e.round, gen, sig
         # the payload: the tensor's own memory (any contiguous NumPy array is a buffer of its bytes)
-        payload = src.numpy() if e.dtype in NP_VIEW else raw_bytes(src)
+        payload = kind.payload(src, e.dtype)
         try:
             buf = direct.exchange(p.sock, header, payload, self.cfg.timeout,
                                   lambda: self.member.failure or (None if self.gen == gen else "the workers changed"))
@@ -590,10 +596,11 @@ class Engine:
             raise PushPullError(str(ex)) from None
         except zmq.ZMQError as ex:
             raise PushPullError(f"push_pull of tensor {name!r}: the engine is shut down ({ex})") from None
-        error = self.averager.copy_sum(e, p, buf, raw_bytes(out), average)
+        out_bytes = kind.raw(out)
+        error = self.averager.copy_sum(e, p, buf, out_bytes, average)
         if error:
             raise PushPullError(error)
-        self.averager.finish(out, average)
+        self.averager.finish(out_bytes, e.dtype, average)
         self.stats["direct_calls"] += 1
         return out
 

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pushpull import dtypes
 from pushpull.worker.handle import Handle, PushPullError
 
 log = logging.getLogger(__name__)
@@ -218,9 +219,10 @@ class LocalReduce:
     # ------------------------------------------------------------ caller side --
     def submit(self, tensor: torch.Tensor, output: torch.Tensor | None, name: str, average: bool, priority: int,
                compression, spec, sig: int) -> Handle:
-        from pushpull.worker.table import SUPPORTED, raw_bytes
+        from pushpull.worker.table import raw_bytes
 
-        if tensor.dtype not in SUPPORTED:
+        d = dtypes.torch_table().get(tensor.dtype)
+        if d is None or d.header is None:
             raise TypeError(f"push_pull of tensor {name!r}: dtype {tensor.dtype} is not supported")
         failure = self.cluster_failure()
         if failure:

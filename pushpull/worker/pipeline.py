@@ -40,7 +40,7 @@ from pushpull.worker.average import NP_FLOAT, Averager
 from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.table import (
-    ASSIGNING, DTYPE_NAME, FAILED, INITING, NEW, READY, Entry, Op, Partition, TensorTable,
+    ASSIGNING, FAILED, INITING, NEW, READY, Entry, Op, Partition, TensorTable,
 )
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Pipeline:
             e.waiting.append(op)
             if state is NEW:
                 e.state = ASSIGNING
-                self.kv.assign(e, {"name": e.name, "shape": list(e.shape), "dtype": DTYPE_NAME[e.dtype],
+                self.kv.assign(e, {"name": e.name, "shape": list(e.shape), "dtype": e.dtype.name,
                                    "parts": [p.nbytes for p in e.parts],
                                    **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})
 
@@ -273,7 +273,7 @@ class Pipeline:
             p.completed = max(p.completed, h.round + ahead)
             if count and op.average:
                 inv = 1.0 / count
-                if op.entry.dtype not in NP_FLOAT:  # averaged at the end, per partition
+                if op.entry.dtype.name not in NP_FLOAT:  # averaged at the end, per partition
                     op.counts = (op.counts or []) + [(p.offset, p.nbytes, count)]
         if not op.reader:  # this rank only contributed: the answer says the round completed
             pass
@@ -337,11 +337,11 @@ class Pipeline:
         self.kv.drop(op, e.parts)
         if error is None and op.out is not None:
             try:
-                self.avg.finish(op.out, op.average, op.counts)
+                self.avg.finish(op.out_bytes, e.dtype, op.average, op.counts)
                 if op.user_out is not None:
-                    op.user_out.copy_(op.out)
+                    op.kind.copy(op.user_out, op.out)
                 elif op.device is not None:
-                    op.handle.output = op.out.to(op.device)
+                    op.handle.output = op.kind.to_device(op.out, op.device)
             except Exception as ex:  # e.g. a device copy failing
                 error = f"tensor {e.name!r}: finishing the output failed: {ex!r}"
         # no table lock: one store is atomic, and only submit() needs its check-and-set guarded

@@ -13,18 +13,15 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from pushpull import dtypes
 from pushpull.config import max_partition_bytes
 from pushpull.policy.base import key_sizes
 from pushpull.transport.protocol import dtype_code
 from pushpull.worker.handle import Handle
+from pushpull.worker.tensors import kind_of
 
-# the dtypes a push_pull carries, and their names (pushpull.dtypes)
-DTYPE_NAME = {t: d.name for t, d in dtypes.torch_table().items() if d.header is not None}
-SUPPORTED = set(DTYPE_NAME)
-NP_VIEW = {t for t, n in DTYPE_NAME.items() if dtypes.BY_NAME[n].np_native is not None}  # dtypes NumPy has
+SUPPORTED = set(dtypes.TENSOR_NAMES)  # the dtypes a push_pull carries, by name (pushpull.dtypes)
 
 
 @dataclass(frozen=True)
@@ -69,12 +66,9 @@ def describe_spec(spec: KeySpec) -> str:
     return text + ")"
 
 
-def raw_bytes(t: torch.Tensor) -> np.ndarray:
-    """A writable uint8 NumPy view of a contiguous CPU tensor's memory (through NumPy when it has
-    the dtype: half the cost of torch's reshape and view, paid per tensor per step)."""
-    if t.dtype in NP_VIEW:
-        return t.numpy().reshape(-1).view(np.uint8)
-    return t.reshape(-1).view(torch.uint8).numpy()
+def raw_bytes(t) -> np.ndarray:
+    """A writable uint8 NumPy view of a contiguous host tensor's memory (either kind: worker/tensors.py)."""
+    return kind_of(t).raw(t)
 
 
 class EntryState(enum.Enum):
@@ -116,7 +110,7 @@ class Entry:
 
     name: str
     shape: tuple
-    dtype: torch.dtype
+    dtype: dtypes.DType
     compression: dict | None
     parts: list[Partition]
     busy: bool = False
@@ -135,15 +129,15 @@ class Op:
     """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
 
     __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
-                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen", "counts")
+                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen", "counts", "kind")
 
-    def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out: torch.Tensor | None,
-                 out_bytes: np.ndarray | None, average: bool, priority: int, device: torch.device | None = None,
-                 user_out: torch.Tensor | None = None, sig: int = 0, reader: bool = True, offset: int = 0):
+    def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out, out_bytes: np.ndarray | None,
+                 average: bool, priority: int, device=None, user_out=None, sig: int = 0, reader: bool = True,
+                 offset: int = 0, kind=None):
         self.handle = handle
         self.entry = entry
         self.inp = inp              # raw bytes of the input (contiguous CPU)
-        self.out = out              # CPU output tensor
+        self.out = out              # host output tensor (of ``kind``)
         self.out_bytes = out_bytes
         self.average = average
         self.priority = priority
@@ -158,6 +152,7 @@ class Op:
         self.offset = offset        # concat keys: where this rank's bytes go in the key
         self.counts = None          # backup workers: [(offset, nbytes, pushes summed)] not yet averaged
         self.gen = 0                # the membership generation it was submitted in (elastic training)
+        self.kind = kind            # its tensors' kind (worker/tensors.py): copies back to a device or user_out
 
 
 class TensorTable:
@@ -168,7 +163,7 @@ class TensorTable:
         self.entries: dict[str, Entry] = {}
         self.lock = threading.Lock()
 
-    def entry(self, name: str, shape: tuple, dtype: torch.dtype, compression: dict | None, spec: KeySpec,
+    def entry(self, name: str, shape: tuple, dtype: dtypes.DType, compression: dict | None, spec: KeySpec,
               cfg) -> Entry:
         """Stage 1, partition: the entry of ``name``, made on first use (cut into partitions of at most
         ``cfg.partition_bytes``, whole elements each, with its compression chosen), with the lock held. The
@@ -176,24 +171,28 @@ class TensorTable:
         config read costs a method call, paid per tensor per step otherwise)."""
         e = self.entries.get(name)
         if e is not None:
-            if e.shape != shape or e.dtype != dtype:
-                raise ValueError(f"tensor {name!r} was used as {DTYPE_NAME[e.dtype]}{list(e.shape)} and is now "
-                                 f"{DTYPE_NAME[dtype]}{list(shape)}; give different tensors different names")
+            if e.shape != shape or e.dtype is not dtype:
+                raise ValueError(f"tensor {name!r} was used as {e.dtype.name}{list(e.shape)} and is now "
+                                 f"{dtype.name}{list(shape)}; give different tensors different names")
             if e.spec != spec:
                 raise ValueError(f"tensor {name!r} was used as {describe_spec(e.spec)} and is now "
                                  f"{describe_spec(spec)}; give different operations different names")
             return e
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
         parts, off = [], 0
         for i, size in enumerate(key_sizes(nbytes, cfg.partition_bytes, itemsize, max_partition_bytes(cfg))):
             parts.append(Partition(i, off, size))
             off += size
         if compression:
-            from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
+            try:
+                from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
+            except ImportError as ex:  # the compressors are written in torch
+                raise ValueError(f"tensor {name!r}: compression {compression!r} needs torch, which is not "
+                                 f"installed ({ex}); pip install pushpull[torch], or pass no compression") from None
 
             try:
-                use_compression = for_tensor(compression, nbytes, dtype.is_floating_point,
+                use_compression = for_tensor(compression, nbytes, dtype.floating,
                                              cfg.min_compress_bytes)
             except (ValueError, TypeError) as ex:
                 raise ValueError(f"tensor {name!r}: bad compression {compression!r}: {ex}") from None
@@ -202,6 +201,6 @@ class TensorTable:
         if spec.op not in ("sum", "outer") and use_compression is not None:  # outer: the pushes are summed
             raise ValueError(f"tensor {name!r}: compression needs a sum on the servers, not {spec.op}")
         e = Entry(name, shape, dtype, use_compression, parts, itemsize=itemsize,
-                  code=dtype_code(DTYPE_NAME[dtype]), spec=spec)
+                  code=dtype_code(dtype.name), spec=spec)
         self.entries[name] = e
         return e

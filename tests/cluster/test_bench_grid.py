@@ -60,7 +60,7 @@ def test_grid_cell_resume_and_report(tmp_path):
 @pytest.mark.timeout(120)
 def test_layerwise_probe_measures_the_optimizer_paths():
     code = ("import json, torch; import pushpull.torch as bps; bps.init(); torch.set_num_threads(1); "
-            "from pushpull.bench.grid import layerwise_probe; "
+            "from pushpull.bench.layerwise_probe import layerwise_probe; "
             "print(json.dumps(layerwise_probe('resnet50', 0.001, iters=3, warmup=1)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -15,7 +15,7 @@ import time
 import torch
 
 import pushpull.torch as bps
-from pushpull.torch.strategies import make_strategy
+from pushpull.torch.executors import make_strategy
 
 STRATEGIES = ["wfbp", "bsp", "fusion", "mgwfbp", "bytescheduler"]
 SMALL_SCHED = {"partition_bytes": 40_000, "credit": 80_000}  # many partitions, little credit

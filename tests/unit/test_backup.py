@@ -117,9 +117,7 @@ def test_the_pull_answer_carries_the_count_and_the_rounds_ahead():
 
 @pytest.mark.parametrize("backup", [3, -1])
 def test_backup_workers_must_be_fewer_than_the_workers(backup):
-    from pushpull.server.server import Server
+    from pushpull.server.declare import backup_problem
 
-    srv = Server.__new__(Server)
-    srv.num_workers = 3
-    problem = srv._backup_problem(backup, {"name": "Gradient.w", "op": "sum", "compression": None})
+    problem = backup_problem(backup, {"name": "Gradient.w", "op": "sum", "compression": None}, 3)
     assert f"PUSHPULL_BACKUP_WORKERS={backup}" in problem and "from 0 to 2" in problem

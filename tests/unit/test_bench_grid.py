@@ -19,7 +19,7 @@ def test_report_bounds_per_placement():
 
 
 def test_grid_expands_processes_per_host_and_older_rows_keep_their_cells():
-    from pushpull.bench.grid import cell_key, expand
+    from pushpull.bench.grid_spec import cell_key, expand
 
     jobs = expand({"name": "x", "models": ["vgg16"], "strategies": ["wfbp"], "workers": [2], "local_size": [2],
                    "local_reduce": ["on", False], "grad_mb": 0.5})
@@ -36,7 +36,7 @@ def test_grid_expands_processes_per_host_and_older_rows_keep_their_cells():
 def test_grid_ps_partition_bytes_list_is_an_axis_with_the_default_in_it():
     """A list of PS key sizes makes one job per size; "default" in it is the scaled default (what a
     user's key size is for the scaled model), and each size is its own cell."""
-    from pushpull.bench.grid import cell_key, expand, scaled_ps_partition_bytes
+    from pushpull.bench.grid_spec import cell_key, expand, scaled_ps_partition_bytes
 
     jobs = expand({"name": "x", "models": ["vgg16"], "strategies": ["bsp"], "workers": [2], "grad_mb": 8,
                    "ps_partition_bytes": ["default", 32768, "16KiB"]})
@@ -81,7 +81,7 @@ def test_report_keeps_ps_key_sizes_apart_and_compares_each_with_the_ring():
 def test_restrict_keeps_only_the_named_backend_and_models():
     """`pushpull bench grid --backends allreduce --models bert_large` re-runs one backend's cells of a
     config (after that backend changed); the rows keep the config's name, so they replace the old ones."""
-    from pushpull.bench.grid import expand, restrict
+    from pushpull.bench.grid_spec import expand, restrict
 
     cfg = {"name": "g", "models": ["resnet50", "bert_large"], "strategies": ["bsp", "wfbp"],
            "backends": ["ps", "allreduce"], "workers": [4], "bandwidths": ["200mbit"]}
@@ -90,7 +90,7 @@ def test_restrict_keeps_only_the_named_backend_and_models():
 
 
 def test_restrict_names_a_backend_the_config_lacks():
-    from pushpull.bench.grid import restrict
+    from pushpull.bench.grid_spec import restrict
 
     with pytest.raises(ValueError, match="ring"):
         restrict({"name": "g", "backends": ["ps", "allreduce"]}, backends="ring")
@@ -124,7 +124,7 @@ def test_report_labels_no_key_size_where_only_the_models_differ():
 
 
 def test_grid_default_key_size_follows_the_runtime_default_at_eight_servers():
-    from pushpull.bench.grid import scaled_ps_partition_bytes
+    from pushpull.bench.grid_spec import scaled_ps_partition_bytes
     assert scaled_ps_partition_bytes(0.01446, 4) == 65536   # BytePS's 4,096,000 x scale, floored at 64 KiB
     assert scaled_ps_partition_bytes(0.01446, 8) == 32768   # x 4/k beyond 4 servers, as the runtime's default
 

@@ -10,7 +10,7 @@ import torch
 
 from pushpull.outer import OuterSGD, settings
 from pushpull.server.keystate import KeyState, RoundError
-from pushpull.server.server import Server
+from pushpull.server.declare import outer_problem
 
 
 @pytest.mark.parametrize("lr,mu,nesterov", [(0.7, 0.9, True), (0.5, 0.8, False), (1.0, 0.0, False)])
@@ -58,12 +58,12 @@ def test_bad_settings_are_refused_naming_the_setting(meta, needle):
                                           "outer_lr")])
 def test_the_server_refuses_an_outer_key_it_cannot_step(decl, needle):
     full = {"name": "diloco.w", "meta": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}, **decl}
-    assert needle in Server._outer_problem(full)
+    assert needle in outer_problem(full)
 
 
 def test_the_server_takes_a_good_outer_key():
-    assert Server._outer_problem({"name": "diloco.w", "dtype": "bfloat16", "compression": None,
-                                  "meta": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}}) is None
+    assert outer_problem({"name": "diloco.w", "dtype": "bfloat16", "compression": None,
+                          "meta": {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}}) is None
 
 
 def _outer_key(workers: int = 2) -> KeyState:

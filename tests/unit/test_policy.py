@@ -24,11 +24,11 @@ def test_the_registry_lists_the_builtin_strategies_in_order():
 
 
 def test_a_new_file_is_a_strategy_everywhere(pairs):
-    from pushpull.bench.grid import strategy_spec
+    from pushpull.bench.grid_spec import strategy_spec
     from pushpull.config import load_config
-    from pushpull.sim.strategies import STRATEGIES as SIM
-    from pushpull.sim.strategies import make_strategy as sim_make
-    from pushpull.torch.strategies import names as runtime_names
+    from pushpull.sim.executors import STRATEGIES as SIM
+    from pushpull.sim.executors import make_strategy as sim_make
+    from pushpull.torch.executors import names as runtime_names
 
     assert "pairs" in policy.names() and "pairs" in runtime_names()
     assert load_config({"PUSHPULL_STRATEGY": "pairs"}).strategy == "pairs"
@@ -38,9 +38,9 @@ def test_a_new_file_is_a_strategy_everywhere(pairs):
 
 
 def test_without_the_file_the_name_is_refused_everywhere():
-    from pushpull.bench.grid import strategy_spec
+    from pushpull.bench.grid_spec import strategy_spec
     from pushpull.config import ConfigError, load_config
-    from pushpull.sim.strategies import make_strategy as sim_make
+    from pushpull.sim.executors import make_strategy as sim_make
 
     with pytest.raises(ConfigError, match="PUSHPULL_STRATEGY"):
         load_config({"PUSHPULL_STRATEGY": "pairs"})
@@ -53,9 +53,9 @@ def test_without_the_file_the_name_is_refused_everywhere():
 def test_the_simulator_runs_the_new_strategy_by_its_plan(pairs):
     from pushpull.profiles import load_profile
     from pushpull.sim import ClusterConfig, parse_bandwidth, simulate
-    from pushpull.sim.engine import ready_stream
-    from pushpull.sim.strategies import StrategyContext
-    from pushpull.sim.strategies import make_strategy as sim_make
+    from pushpull.sim.events import ready_stream
+    from pushpull.sim.executors import StrategyContext
+    from pushpull.sim.executors import make_strategy as sim_make
 
     prof = load_profile("resnet50")
     cluster = ClusterConfig(workers=4, servers=4, bandwidth=parse_bandwidth("10gbit"))
@@ -79,7 +79,7 @@ def single_process():
 
 def test_the_runtime_executor_fuses_by_the_plan_and_writes_back(pairs, single_process):
     from fakes import Doubling, drive
-    from pushpull.torch.strategies import make_strategy
+    from pushpull.torch.executors import make_strategy
 
     comm = Doubling()
     st = make_strategy("pairs", comm=comm, warmup_steps=1)

@@ -137,7 +137,7 @@ def test_cpu_costs_reject_bad_values():
 
 
 def test_auto_plan_reads_the_host_probe_and_picks_the_ring_when_the_ps_is_cpu_bound(tmp_path):
-    from pushpull.torch.strategies import auto_plan
+    from pushpull.torch.executors import auto_plan
 
     f = tmp_path / "host_probe.jsonl"
     f.write_text(json.dumps({"kind": "cpu", **PROBE}) + "\n")
@@ -157,7 +157,7 @@ def test_auto_plan_reads_the_host_probe_and_picks_the_ring_when_the_ps_is_cpu_bo
 
 
 def test_auto_plan_without_a_host_probe_charges_nothing(tmp_path):
-    from pushpull.torch.strategies import auto_plan
+    from pushpull.torch.executors import auto_plan
 
     f = tmp_path / "old.jsonl"
     f.write_text(json.dumps(OLD_ROW) + "\n")

@@ -53,8 +53,8 @@ def test_int8_ratio_counts_its_block_scales():
 
 def test_answers_whole_cost_more_than_compressed_ones_and_less_than_none():
     cl = _cluster()
-    from pushpull.sim.engine import simulate
-    from pushpull.sim.strategies import BSP
+    from pushpull.sim.events import simulate
+    from pushpull.sim.executors import BSP
 
     prof = synthetic_profile([NUMELS], fwd_s=0.0)
     both = simulate(prof, cl, BSP(compression=Compression(ratio=4.0, min_compress_bytes=0)), trace=False).iteration_s

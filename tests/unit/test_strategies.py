@@ -72,7 +72,7 @@ def single_process():
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_writes_back_what_the_backend_returns(single_process, name):
     from fakes import Doubling, drive
-    from pushpull.torch.strategies import make_strategy
+    from pushpull.torch.executors import make_strategy
 
     comm = Doubling()
     opts = {"alpha": 1e-3, "beta": 1e-9} if name == "mgwfbp" else {}
@@ -83,7 +83,7 @@ def test_every_strategy_writes_back_what_the_backend_returns(single_process, nam
 
 
 def test_unknown_strategy_names_the_choices(single_process):
-    from pushpull.torch.strategies import make_strategy, names
+    from pushpull.torch.executors import make_strategy, names
 
     assert names() == sorted(STRATEGIES + ["auto"])
     with pytest.raises(ValueError, match="bytescheduler"):

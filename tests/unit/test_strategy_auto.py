@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pushpull.torch.strategies import auto_plan
+from pushpull.torch.executors import auto_plan
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -61,7 +61,7 @@ def single_process():
 
 def scripted(confirm_s: float, runner_s: float, **kw):
     """An Auto over two doubling fake backends whose probes and phase times are injected."""
-    from pushpull.torch.strategies.auto import Auto
+    from pushpull.torch.executors.auto import Auto
     from fakes import Doubling
 
     class Scripted(Auto):

@@ -62,19 +62,19 @@ def test_a_bare_number_is_a_size_in_bytes():
 
 @pytest.mark.parametrize("text", ["200mbit", "200mbps", "25MB/s"])
 def test_the_grid_gives_the_emulator_and_its_compute_scale_the_same_rate(text):
-    from pushpull.bench.grid import expand
+    from pushpull.bench.grid_spec import expand
     job = expand({"strategies": ["wfbp"], "bandwidths": [text], "workers": [2]})[0]
     assert job["bandwidth_bytes_s"] * 8 == pytest.approx(parse_rate(job["bandwidth"]))
 
 
 def test_the_grid_refuses_a_bandwidth_without_unit():
-    from pushpull.bench.grid import expand
+    from pushpull.bench.grid_spec import expand
     with pytest.raises(ValueError, match="bandwidths"):
         expand({"strategies": ["wfbp"], "bandwidths": ["200"], "workers": [2]})
 
 
 def test_the_grid_reads_variant_sizes_with_units():
-    from pushpull.bench.grid import strategy_spec
+    from pushpull.bench.grid_spec import strategy_spec
     spec = strategy_spec("bs", {"variants": {"bs": {"base": "bytescheduler", "partition_bytes": "4MB",
                                                     "credit_bytes": 8e6}}})
     assert (spec["partition_bytes"], spec["credit_bytes"]) == (4_000_000, 8_000_000)

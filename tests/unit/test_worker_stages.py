@@ -67,7 +67,7 @@ class Harness:
         self.held: list = []
 
     def submit(self, name: str, tensor: torch.Tensor, average: bool = True) -> Op:
-        e = self.table.entry(name, tuple(tensor.shape), tensor.dtype, None, PLAIN, self.cfg)
+        e = self.table.entry(name, tuple(tensor.shape), dtypes.of_torch(tensor.dtype), None, PLAIN, self.cfg)
         out = torch.empty_like(tensor)
         op = Op(Handle(name, out), e, raw_bytes(tensor.contiguous()), out, raw_bytes(out), average, 0)
         e.busy = True
@@ -273,7 +273,7 @@ def test_the_caller_sees_the_error_as_pushpullerror():
 def test_compressed_backup_round_is_averaged_over_the_pushes_it_holds():
     hw = Harness(size=4)
     x = torch.full((2,), 6.0)
-    e = hw.table.entry("t", (2,), torch.float32, {"compressor": "fp16"}, PLAIN, hw.cfg)
+    e = hw.table.entry("t", (2,), dtypes.BY_NAME["float32"], {"compressor": "fp16"}, PLAIN, hw.cfg)
     out = torch.empty_like(x)
     op = Op(Handle("t", out), e, raw_bytes(x), out, raw_bytes(out), True, 0)
     e.busy = True

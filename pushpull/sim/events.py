@@ -1,4 +1,4 @@
-"""The discrete-event engine: one training iteration's communication, then
+"""The discrete-event simulation: one training iteration's communication, then
 the steady-state iteration built around it.
 
 Why one communication phase is enough: the backward pass never waits for
@@ -41,8 +41,8 @@ from pushpull.policy.base import key_sizes
 from pushpull.policy.collective_fusion import fuse_groups
 from pushpull.profiles import LayerProfile, Profile
 from pushpull.sim.config import ClusterConfig, Compression, SimOptions
+from pushpull.sim.executors import CommTask, ReadyTensor, Strategy, StrategyContext, make_strategy
 from pushpull.sim.network import INF, Message, PSNetwork, Ring
-from pushpull.sim.strategies import CommTask, ReadyTensor, Strategy, StrategyContext, make_strategy
 from pushpull.timeline import TraceWriter
 
 
@@ -123,7 +123,7 @@ class _TaskState:
         self.layers = layers
 
 
-class CommPhase:
+class EventSimulation:
     """Simulates one iteration's communication; times are seconds after the
     start of the backward pass."""
 
@@ -467,7 +467,7 @@ def simulate(profile: Profile, cluster: ClusterConfig, strategy: "Strategy | str
     bwd = prof.bwd_s
     ctx = StrategyContext(prof, cluster, ready, layer_ready, bwd)
     tasks = strat.tasks(ctx)
-    phase = CommPhase(prof, cluster, strat, tasks, tensor_layer, tensor_bytes, keep_trace=options.trace)
+    phase = EventSimulation(prof, cluster, strat, tasks, tensor_layer, tensor_bytes, keep_trace=options.trace)
     phase.run()
 
     # steady state: the forward after a backward that started at 0
@@ -536,7 +536,7 @@ def _write_trace(res: SimResult, path: Path) -> Path:
     """
     tr = res._trace
     prof: Profile = tr["profile"]
-    phase: CommPhase = tr["phase"]
+    phase: EventSimulation = tr["phase"]
     cluster: ClusterConfig = tr["cluster"]
     fwd_start = tr["fwd_start"]
     us = 1e6

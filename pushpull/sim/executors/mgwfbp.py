@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pushpull.policy import register_executor
 from pushpull.policy.mgwfbp import SMALL_ELEMENTS, mgwfbp_merge
-from pushpull.sim.strategies.base import CommTask, Strategy, StrategyContext, group_name
+from pushpull.sim.executors.base import CommTask, Strategy, StrategyContext, group_name
 
 __all__ = ["MGWFBP", "SMALL_ELEMENTS", "mgwfbp_merge"]
 
 
+@register_executor("mgwfbp", "simulator")
 @dataclass
 class MGWFBP(Strategy):
     """``plan``: buffer sizes in gradients, in ready order (output side first), to

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pushpull.policy import register_executor
 from pushpull.policy.fusion import CYCLE_MS, THRESHOLD_BYTES, cycle_tick, fusion_plan
-from pushpull.sim.strategies.base import CommTask, Strategy, StrategyContext, group_name
+from pushpull.sim.executors.base import CommTask, Strategy, StrategyContext, group_name
 
 
+@register_executor("fusion", "simulator")
 @dataclass
 class Fusion(Strategy):
     threshold_bytes: int = THRESHOLD_BYTES

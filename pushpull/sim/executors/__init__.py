@@ -1,15 +1,14 @@
 """The simulator's executors of the communication strategies of :mod:`pushpull.policy` (where each
 strategy's decisions live once, shared with the runtime); ``make_strategy`` builds one by name. A policy
-without a simulator executor of its own runs through :mod:`.generic`."""
+without a simulator executor of its own runs through :mod:`.generic`; one of its own registers itself for the
+policy's name (:func:`pushpull.policy.register_executor`) and is imported here."""
 from __future__ import annotations
 
-import importlib
-
 from pushpull import policy
-from pushpull.sim.strategies.base import CommTask, Discipline, ReadyTensor, Strategy, StrategyContext
-from pushpull.sim.strategies.bytescheduler import ByteScheduler
-from pushpull.sim.strategies.fusion import Fusion
-from pushpull.sim.strategies.mgwfbp import MGWFBP, mgwfbp_merge
+from pushpull.sim.executors.base import CommTask, Discipline, ReadyTensor, Strategy, StrategyContext
+from pushpull.sim.executors.bytescheduler import ByteScheduler
+from pushpull.sim.executors.fusion import Fusion
+from pushpull.sim.executors.mgwfbp import MGWFBP, mgwfbp_merge
 
 # name -> executor class, for every strategy the simulator runs (kept current by _sync: a policy file added
 # later is picked up at the next make_strategy)
@@ -18,10 +17,9 @@ STRATEGIES: dict[str, type[Strategy]] = {}
 
 def _executor(pol) -> type[Strategy]:
     if pol.simulator is None:
-        from pushpull.sim.strategies.generic import executor_for
+        from pushpull.sim.executors.generic import executor_for
         return executor_for(pol)
-    mod, cls = pol.simulator.split(":")
-    return getattr(importlib.import_module(mod), cls)
+    return policy.executor(pol.name, "simulator")
 
 
 def _sync() -> dict[str, type[Strategy]]:

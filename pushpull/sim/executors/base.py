@@ -4,7 +4,8 @@ communication tasks, plus the queue discipline the tasks are admitted under.
 Backward compute is never gated by communication, so the ready times of an
 iteration's gradients are known when the backward starts; a strategy can
 therefore be a pure function of that stream, which keeps each one small and
-testable on its own. The engine owns time, the network and admission.
+testable on its own. The event simulation (:mod:`pushpull.sim.events`) owns
+time, the network and admission.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from pushpull.torch.strategies.base import Strategy
-from pushpull.torch.strategies.planned import PlannedStrategy
+from pushpull.torch.executors.base import Strategy
+from pushpull.torch.executors.planned import PlannedStrategy
 
 
 def _split(policy, options: dict) -> tuple[dict, dict]:

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from pushpull.torch.strategies.comm import Comm, make_comm
+from pushpull.torch.executors.comm import Comm, make_comm
 
 
 class Task:

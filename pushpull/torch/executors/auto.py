@@ -41,10 +41,11 @@ import time
 import torch
 
 from pushpull.config import data_lane_on
+from pushpull.policy import register_executor
 from pushpull.torch import ops
-from pushpull.torch.strategies import auto_plan
-from pushpull.torch.strategies.base import Strategy
-from pushpull.torch.strategies.comm import Comm, make_comm
+from pushpull.torch.executors import auto_plan
+from pushpull.torch.executors.base import Strategy
+from pushpull.torch.executors.comm import Comm, make_comm
 
 log = logging.getLogger("pushpull.auto")
 
@@ -109,6 +110,7 @@ def _median_time(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
+@register_executor("auto", "runtime")
 class Auto(Strategy):
     """Runs one delegate strategy at a time and chooses it (module docstring); ``decision`` says why."""
 
@@ -168,7 +170,7 @@ class Auto(Strategy):
         return self._comms[backend]
 
     def _delegate(self, c: dict) -> Strategy:
-        from pushpull.torch.strategies import make_strategy
+        from pushpull.torch.executors import make_strategy
 
         key = (c["backend"], c["strategy"], int(c["partition_bytes"]), int(c["credit_bytes"]))
         st = self._delegates.get(key)

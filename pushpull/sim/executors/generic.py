@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pushpull.policy.bytescheduler import partitions
 from pushpull.sim.config import ClusterConfig
-from pushpull.sim.strategies.base import CommTask, Discipline, Strategy, StrategyContext, group_name
+from pushpull.sim.executors.base import CommTask, Discipline, Strategy, StrategyContext, group_name
 
 
 @dataclass

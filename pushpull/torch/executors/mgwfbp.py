@@ -19,9 +19,10 @@ import time
 
 import torch
 
+from pushpull.policy import register_executor
 from pushpull.policy.mgwfbp import fit_alpha_beta, mgwfbp_groups
 from pushpull.torch import ops
-from pushpull.torch.strategies.planned import PlannedStrategy
+from pushpull.torch.executors.planned import PlannedStrategy
 
 PROBE_BYTES = (4096, 65536, 524288, 2097152)
 
@@ -29,6 +30,7 @@ PROBE_BYTES = (4096, 65536, 524288, 2097152)
 __all__ = ["MGWFBP"]
 
 
+@register_executor("mgwfbp", "runtime")
 class MGWFBP(PlannedStrategy):
     name = "mgwfbp"
 

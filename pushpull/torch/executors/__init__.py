@@ -3,15 +3,16 @@ produced it. :func:`make_strategy` picks one by name (``PUSHPULL_STRATEGY`` or
 ``DistributedOptimizer(..., strategy=...)``) from the registry of
 :mod:`pushpull.policy`, where each strategy's decisions live once; this package
 carries them out on real tensors (a policy without an executor of its own runs
-through :mod:`.generic`). The DistributedOptimizer only talks to the
-:class:`~pushpull.torch.strategies.base.Strategy` interface, and every
+through :mod:`.generic`; one of its own registers itself for the policy's name,
+:func:`pushpull.policy.register_executor`). The DistributedOptimizer only talks to the
+:class:`~pushpull.torch.executors.base.Strategy` interface, and every
 strategy runs over both backends (``PUSHPULL_BACKEND=ps | allreduce``)."""
 from __future__ import annotations
 
 import importlib
 
 from pushpull import policy
-from pushpull.torch.strategies.base import Strategy
+from pushpull.torch.executors.base import Strategy
 
 _OVERRIDES: dict[str, str] = {}  # name -> "module:Class", set by register()
 
@@ -38,12 +39,16 @@ def strategy_class(name: str) -> type[Strategy]:
             raise ValueError(f"strategy {name!r} exists only in the simulator; PUSHPULL_STRATEGY accepts "
                              f"{', '.join(names())}")
         if pol.runtime is None:
-            from pushpull.torch.strategies.generic import executor_for
+            from pushpull.torch.executors.generic import executor_for
             return executor_for(pol)
-        target = pol.runtime
+        return policy.executor(pol.name, "runtime")
     mod, cls = target.split(":")
     return getattr(importlib.import_module(mod), cls)
 
 
 def make_strategy(name: str, **kwargs) -> Strategy:
     return strategy_class(name)(**kwargs)
+
+
+# every executor of its own, registered for its policy's name (policy.executor imports this package for them)
+from pushpull.torch.executors import auto, bytescheduler, fusion, mgwfbp  # noqa: E402,F401

@@ -16,12 +16,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from pushpull.profiles import DTYPE_BYTES, LayerProfile, Profile, TensorSpec
-from pushpull.sim.config import ClusterConfig, CpuCosts, SimOptions, per_call_costs, read_probe
-from pushpull.sim.engine import simulate
-from pushpull.sim.plan import plan
-from pushpull.sim.strategies import ByteScheduler, Fusion
+
+if TYPE_CHECKING:  # the simulator is imported where it is used: importing the runtime's executors does not load it
+    from pushpull.sim.config import ClusterConfig, CpuCosts
 
 BACKENDS = ("ps", "allreduce")
 STRATEGIES = ("wfbp", "fusion", "mgwfbp", "bytescheduler", "bsp")  # simplest first: the tie order
@@ -57,6 +57,8 @@ def measured_profile(names: list[str], ready_s: list[float], nbytes: list[int], 
 
 
 def _one_buffer_s(cluster: ClusterConfig, nbytes: int) -> float:
+    from pushpull.sim.events import simulate
+
     prof = Profile(model="probe", layers=[LayerProfile("all", 1e-9, 1e-9, [TensorSpec("all", max(1, nbytes), "uint8")])])
     return simulate(prof, cluster, "bsp", layerwise_update=False, trace=False).iteration_s
 
@@ -66,6 +68,8 @@ def host_cpu(path: str | None, shared_cores: float | None = None, auth: str = "a
     """The CPU cost per byte of PUSHPULL_HOST_PROBE's file (None: unset, or a file without the figures).
     ``auth`` is PUSHPULL_AUTH: ``auto`` and ``curve`` encrypt the PS between machines (CURVE; AES-GCM on the
     data lanes with PUSHPULL_DATA_LANE=1)."""
+    from pushpull.sim.config import CpuCosts, read_probe
+
     if not path:
         return None
     row = read_probe(path)
@@ -88,6 +92,8 @@ def fit_cluster(backend: str, workers: int, servers: int, probe_bytes: int, t_pr
     so the probe's time is split between the CPU the model already charges and the link. The probe is one
     reduction alone; in a step every process moves bytes at once, which is where the charge matters (on
     shared cores the probe's processes mostly had the cores to themselves)."""
+    from pushpull.sim.config import ClusterConfig, per_call_costs
+
     lat, msg = per_call_costs(backend, workers, max(0.0, t_small), max(0.0, t_stream))
     colocated = bool(colocated and servers <= workers)
 
@@ -119,6 +125,10 @@ def rank_candidates(profile: Profile, clusters: dict[str, ClusterConfig], layerw
                     fusion_threshold_bytes: int, fusion_cycle_s: float) -> list[dict]:
     """Every (backend, strategy) with its predicted step time, fastest first (ties within 0.5 %: the
     order of ``clusters``, then the simpler strategy)."""
+    from pushpull.sim.config import SimOptions
+    from pushpull.sim.executors import ByteScheduler, Fusion
+    from pushpull.sim.plan import plan
+
     opts = SimOptions(layerwise_update=layerwise, trace=False)
     parts = [p / 1e6 for p in partitions(profile.nbytes)]
     out = []

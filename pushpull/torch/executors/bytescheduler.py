@@ -16,10 +16,12 @@ from __future__ import annotations
 import torch
 
 from pushpull.policy import bytescheduler as policy
+from pushpull.policy import register_executor
 from pushpull.torch import ops
-from pushpull.torch.strategies.base import Strategy
+from pushpull.torch.executors.base import Strategy
 
 
+@register_executor("bytescheduler", "runtime")
 class ByteScheduler(Strategy):
     name = "bytescheduler"
 

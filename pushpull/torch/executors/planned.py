@@ -20,7 +20,7 @@ import time
 import torch
 
 from pushpull.torch import ops
-from pushpull.torch.strategies.base import Strategy
+from pushpull.torch.executors.base import Strategy
 
 
 class PlannedStrategy(Strategy):

@@ -4,7 +4,7 @@ reduced as one message, trading a little waiting for fewer per-message costs.
 
 Horovod's coordinator decides the buffers every cycle at run time. Here the
 same packing is computed once from rank 0's measured ready times (see
-:mod:`~pushpull.torch.strategies.planned` for why the plan must be agreed),
+:mod:`~pushpull.torch.executors.planned` for why the plan must be agreed),
 with cycles counted from the first gradient of the backward pass; at run time
 a buffer is flushed as soon as all its gradients are ready (it is "full"),
 and whatever is left at the end of the backward pass is flushed then.
@@ -14,14 +14,16 @@ PUSHPULL_FUSION_THRESHOLD_BYTES / PUSHPULL_FUSION_CYCLE_MS. The packing itself i
 """
 from __future__ import annotations
 
+from pushpull.policy import register_executor
 from pushpull.policy.fusion import fusion_plan
 from pushpull.torch import ops
-from pushpull.torch.strategies.planned import PlannedStrategy
+from pushpull.torch.executors.planned import PlannedStrategy
 
 
 __all__ = ["Fusion"]
 
 
+@register_executor("fusion", "runtime")
 class Fusion(PlannedStrategy):
     name = "fusion"
 

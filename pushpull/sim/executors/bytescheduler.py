@@ -22,10 +22,12 @@ import math
 from dataclasses import dataclass
 
 from pushpull.policy import bytescheduler as policy
+from pushpull.policy import register_executor
 from pushpull.sim.config import ClusterConfig
-from pushpull.sim.strategies.base import CommTask, Discipline, Strategy, StrategyContext
+from pushpull.sim.executors.base import CommTask, Discipline, Strategy, StrategyContext
 
 
+@register_executor("bytescheduler", "simulator")
 @dataclass
 class ByteScheduler(Strategy):
     partition_bytes: int | None = None   # None -> backend default

@@ -1,0 +1,83 @@
+"""``Compression.none`` / ``Compression.fp16`` as in Horovod and BytePS, any compressor of
+:mod:`pushpull.compression` by spec, and Horovod-style compressors of your own: the ``compression``
+argument of every binding (``pushpull.torch``, ``pushpull.tensorflow``, ``pushpull.keras``, ``pushpull.mxnet``
+re-export it), so it needs no framework.
+
+Two kinds of compressor:
+
+* *wire* compressors (``Compression.none``, ``Compression.fp16``, ``Compression.build(...)``) carry a
+  JSON-able ``spec``: the worker compresses each partition before the push and the server decompresses,
+  sums and compresses the sum again (BytePS semantics), so the spec travels to the server in the INIT.
+* Horovod's interface: a class (or object) with ``compress(tensor) -> (tensor, ctx)`` and
+  ``decompress(tensor, ctx) -> tensor``, usually a subclass of :class:`Compressor` with static methods.
+  These run on the worker around the reduction, so the servers reduce the compressed tensors (Horovod's
+  semantics: the compressed tensor must have a dtype the servers can sum).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Compressor:
+    """Horovod's compressor interface. Subclass it and override the two static methods to compress on the
+    worker; instances built from a ``spec`` are pushpull's wire compressors."""
+
+    spec: dict | None = None
+    wire = False  # True: the engine and the servers apply ``spec``; compress/decompress are not called
+
+    def __init__(self, spec: dict | None, name: str):
+        self.spec = spec
+        self.name = name
+        self.wire = True
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.name}"
+
+    @staticmethod
+    def compress(tensor):
+        """Returns the tensor to reduce and a context for :meth:`decompress`."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class _FP16(Compressor):
+    """Wire fp16 (the servers sum in fp32); called directly it casts as Horovod's FP16Compressor does."""
+
+    @staticmethod
+    def compress(tensor):
+        if isinstance(tensor, np.ndarray):
+            return (tensor.astype(np.float16), tensor.dtype) if tensor.dtype.kind == "f" else (tensor, tensor.dtype)
+        if tensor.dtype.is_floating_point:
+            import torch
+
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        if isinstance(tensor, np.ndarray):
+            return tensor.astype(ctx) if ctx is not None and np.dtype(ctx).kind == "f" else tensor
+        return tensor.to(ctx) if ctx is not None and ctx.is_floating_point else tensor
+
+
+class Compression:
+    """Namespace of ready-made compressions (Horovod-compatible names)."""
+
+    Compressor = Compressor
+    none = Compressor(None, "none")
+    fp16 = _FP16({"compressor": "fp16"}, "fp16")
+
+    @staticmethod
+    def build(compressor: str, **kwargs) -> Compressor:
+        """Any registered compressor, e.g. ``Compression.build("onebit", scaling=True, ef="vanilla")``."""
+        spec = {"compressor": compressor, **kwargs}
+        try:  # validate now, where the user can see the culprit
+            from pushpull.compression import build
+
+            build(spec)
+        except ImportError:
+            pass
+        return Compressor(spec, compressor)
