@@ -6,6 +6,11 @@ pushes and pulls of a key go, in arrival order, to the engine thread that owns
 the key (``key % BYTEPS_SERVER_ENGINE_THREAD``), which sums with NumPy and
 answers. Nothing a worker sends can crash the server: bad requests get an ERROR
 reply naming the tensor and the ranks.
+
+As ps-lite separates its Postoffice from its KVServer, the :class:`Server` here serves, and holds two
+smaller parts: :class:`~pushpull.server.members.Members` (who the workers are, which rank a connection is,
+RESETs) and :class:`~pushpull.server.declare.Declarations` (INIT: the workers' agreement on each key, and
+its shared memory).
 """
 from __future__ import annotations
 
@@ -20,10 +25,11 @@ import zmq
 from pushpull import metrics
 from pushpull.cluster import nodes
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
-from pushpull.cluster.member import ClusterError, Member
+from pushpull.cluster.member import ClusterError
 from pushpull.config import Config
-from pushpull.outer import OuterSGD, round_deadline, settings
+from pushpull.server.declare import Declarations
 from pushpull.server.keystate import Busy, Disagreement, KeyState, RoundError
+from pushpull.server.members import Members
 from pushpull.server.reduce import wire_view
 from pushpull.server.sparse import SparseStore
 from pushpull.transport.protocol import (
@@ -39,14 +45,10 @@ from pushpull.transport.van import BesideLane, Van
 log = logging.getLogger(__name__)
 
 SOCK = "workers"
-# keys up to this size are summed on the I/O thread even with engine threads: queueing a push for
-# another thread and waking it costs more than adding a few thousand numbers
-INLINE_KEY_BYTES = 65536
 _SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
 _DEADLINE = object()  # an engine-queue item: check this outer key's round deadline (on the key's own thread)
 _FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, *_SPARSE)
 _PUSH_PULL = (MsgType.PUSH, MsgType.PULL)
-RANK_CACHE = 4096  # connection identities whose rank is remembered (the cache starts over beyond)
 
 
 def scheduled(items: list, q: queue.SimpleQueue) -> tuple[list, bool]:
@@ -70,6 +72,9 @@ def scheduled(items: list, q: queue.SimpleQueue) -> tuple[list, bool]:
 
 
 class Server:
+    """A server: its sockets, the engine threads that sum, and the push/pull of every round (ps-lite's KVServer);
+    membership and declarations are the parts it holds (``members``, ``declarations``)."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.van = Van("server", batch_bytes=cfg.batch_bytes, auth=auth_for(cfg, "server"))
@@ -101,25 +106,19 @@ class Server:
         # the job asked for encryption even on one host (PUSHPULL_AUTH=curve): payloads in files are not
         # encrypted. With auto, a colocated worker's payloads never reach a wire, as on loopback
         unencrypted = self.van.auth is None or self.van.auth.mode != "curve"
-        self.regions = (shm.Regions() if cfg.local_shm and "ipc" in info and unencrypted and shm.available()
-                        else None)
-        self.member = Member(self.van, cfg, info,
-                             on_registered=self._on_registered, on_message=self._scheduler_message)
-        self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped
-        self.joined: set[int] = set()  # ranks that called join() (shared with every KeyState)
-        self.rank_now: dict[int, int] | None = None  # a connection's first rank -> its rank now (after a RESET)
-        self._early: list[tuple[bytes, Msg]] = []  # worker messages that beat our address book
-        self._identity_rank: dict[bytes, int | None] = {}  # nodes.rank_of_identity's answers (a regex each)
+        regions = (shm.Regions() if cfg.local_shm and "ipc" in info and unencrypted and shm.available()
+                   else None)
+        self.members = Members(self.van, cfg, info, on_registered=self._on_registered,
+                               on_message=self._scheduler_message)
         self.keys: dict[int, KeyState] = {}
-        self.pending_inits: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req)}}
-        self.num_workers = 0
-        self.node_id = -1
+        self.declarations = Declarations(cfg, self.members, self.keys, regions, self._reply, self._error)
         self.engines = [queue.SimpleQueue() for _ in range(cfg.server_engine_thread)]
         self._handoffs: dict[int, list] = {}  # engine -> requests of this pass (I/O thread only)
         self.threads = [threading.Thread(target=self._engine, args=(q,), name=f"engine-{i}", daemon=True)
                         for i, q in enumerate(self.engines)]
         # sparse tables (embedding rows by range, optimizer on the server): a module of their own
-        self.sparse = SparseStore(cfg, self._reply, self._error, lambda: len(self.keys) + len(self.pending_inits))
+        self.sparse = SparseStore(cfg, self._reply, self._error,
+                                  lambda: len(self.keys) + len(self.declarations.pending))
         self.van.call_later(1.0, self._check_inits, every=1.0)
         self.trace = None  # a ServerTrace once registered, with PUSHPULL_TRACE_ON=1
 
@@ -131,29 +130,25 @@ class Server:
             keep_freed_buffers()
         self.van.start()
         try:
-            self.member.register()
+            self.members.register()
         except ClusterError as e:
             log.error("%s", e)
             self.van.stop()
             return 1
-        log.info("%s ready on %s:%d for %d workers", nodes.describe(self.node_id), self.host, self.port,
-                 self.num_workers)
-        index = self.node_id - nodes.SERVER_BASE
+        log.info("%s ready on %s:%d for %d workers", nodes.describe(self.members.node_id), self.host, self.port,
+                 self.members.num_workers)
+        index = self.members.node_id - nodes.SERVER_BASE
         endpoint = metrics.start("server", self.cfg.metrics_port + metrics.SERVER_PORT_OFFSET + index,
                                  self.cfg.metrics_host, self.metrics_samples,
                                  {"role": "server", "server": index}) if self.cfg.metrics_port else None
-        code = 0
         try:
-            while not self.member.terminated.wait(0.2):
-                if self.member.failure:
-                    code = 1
-                    break
+            code = self.members.wait()
         finally:  # SIGTERM raises SystemExit in this wait: the files still named go first, before anything can block
-            if self.regions is not None:
-                self.regions.unlink_all()
+            if self.declarations.regions is not None:
+                self.declarations.regions.unlink_all()
         summary = self.dropped_summary()
         if summary:
-            log.warning("%s: %s", nodes.describe(self.node_id), summary)
+            log.warning("%s: %s", nodes.describe(self.members.node_id), summary)
         metrics.stop(endpoint)
         for q in self.engines:
             q.put(None)
@@ -175,33 +170,23 @@ class Server:
             return
         d = decode_json(msg.body())
         self.sparse.fail_all("the workers changed (elastic training)")
-        self.joined.clear()
-        self.gen = int(d["gen"])
-        rank_now = {int(first): int(now) for first, now in d["ranks"].items()}
-        # the end of a join() keeps every rank where it was: shared regions stay (the workers keep theirs too)
-        same = ("joined_last" in d and int(d["num_workers"]) == self.num_workers
-                and all(now == (self.rank_now or {}).get(first, first) for first, now in rank_now.items()))
-        self.num_workers = int(d["num_workers"])
-        self.rank_now = rank_now
+        same = self.members.reset(d)  # the end of a join() keeps every rank where it was: shared regions stay
         for ks in self.keys.values():
-            if ks.shm is not None and not same:  # its slots belong to the ranks of before: the socket from now
-                ks.stop_sharing()
-                self.regions.unlinked(ks.key)
+            if ks.shm is not None and not same:
+                self.declarations.stop_sharing(ks)
             ks.shm_ranks = set()
-            ks.reset(self.num_workers)
-        self.pending_inits.clear()  # the workers declare again what was pending
+            ks.reset(self.members.num_workers)
+        self.declarations.pending.clear()  # the workers declare again what was pending
         (log.info if "joined_last" in d else log.warning)("workers changed (%s): generation %d, %d workers",
-                                                          d.get("lost"), self.gen, self.num_workers)
-        self.member.send(Header(MsgType.RESET_ACK, gen=self.gen))
+                                                          d.get("lost"), self.members.gen,
+                                                          self.members.num_workers)
+        self.members.ack_reset()
 
     def _joined(self, rank: int) -> None:
         """Rank ``rank`` called join(): it contributes nothing to the rounds the others still run (Horovod's
         join), so rounds and declarations that only waited for it complete now, and later ones without it."""
-        self.joined.add(rank)
-        for ks in self.keys.values():  # it will not push: its region's file need not wait for it
-            self._pushed_once(ks, rank)
-        for key, pend in list(self.pending_inits.items()):
-            self._complete_init(key, pend)
+        self.members.joined.add(rank)
+        self.declarations.joined(rank)
         for ks in self.keys.values():
             for slot in ks.complete_without_joined():
                 for ident, r, req_id in slot.waiting:
@@ -212,8 +197,8 @@ class Server:
                 slot.waiting.clear()
 
     def _reply(self, identity: bytes, header: Header, frames: list = ()) -> None:
-        header.gen = self.gen
-        header.sender = self.node_id
+        header.gen = self.members.gen
+        header.sender = self.members.node_id
         self.van.send(SOCK, header, list(frames), identity=identity)
 
     def _ack(self, identity: bytes, h: Header) -> None:
@@ -227,45 +212,31 @@ class Server:
         self._reply(identity, Header(MsgType.ERROR, key=key, req_id=req_id), [encode_json({"error": text})])
 
     # ------------------------------------------------------------ I/O thread --
-    def _on_registered(self, book: dict) -> None:
-        """Runs on the I/O thread: a worker's INIT can arrive as soon as the workers have
-        the book, and must never be counted against an unknown number of workers."""
-        self.num_workers = int(book["num_workers"])
-        self.sparse.num_workers = self.num_workers
-        self.node_id = int(book["node_id"])
+    def _on_registered(self) -> None:
+        """Runs on the I/O thread once the address book is in (Members): the engines start, and the messages
+        that came before it are handled."""
+        self.sparse.num_workers = self.members.num_workers
         if self.cfg.trace_on:
             from pushpull.server.trace import ServerTrace
 
-            self.trace = ServerTrace(self.cfg.trace_dir, self.node_id, self.cfg.trace_start_step,
+            self.trace = ServerTrace(self.cfg.trace_dir, self.members.node_id, self.cfg.trace_start_step,
                                      self.cfg.trace_end_step + 1)
         for t in self.threads:
             t.start()
-        early, self._early = self._early, []
-        for identity, msg in early:
+        for identity, msg in self.members.take_early():
             self._handle(identity, msg)
 
     def _handle(self, identity: bytes, msg: Msg) -> None:
         h = msg.header
-        if self.num_workers == 0:  # before the address book: keep it for later
-            self._early.append((identity, msg))
+        if self.members.hold(identity, msg):  # before the address book: kept for later
             return
         try:
             if h.type in _FROM_WORKERS:
-                if h.gen != self.gen:  # sent before the workers changed: its round no longer exists
+                if h.gen != self.members.gen:  # sent before the workers changed: its round no longer exists
                     return
-                rank = self._identity_rank.get(identity, -1)
-                if rank == -1:
-                    if len(self._identity_rank) >= RANK_CACHE:
-                        self._identity_rank.clear()
-                    rank = self._identity_rank[identity] = nodes.rank_of_identity(identity)
-                if self.rank_now is not None and rank is not None:
-                    rank = self.rank_now.get(rank)  # None: a lost worker's connection
-                if rank is None or rank != h.sender or not 0 <= rank < self.num_workers:
-                    # the rank is the connection's (a ROUTER admits one live connection per identity), not
-                    # what a header says: a member cannot push or pull as another rank
-                    self._error(identity, h.key, f"{h.type.name} from the connection of "
-                                                 f"{'rank ' + str(rank) if rank is not None else 'no worker'} "
-                                                 f"claims to be rank {h.sender}; refused", h.req_id)
+                refusal = self.members.refusal(identity, h)
+                if refusal is not None:
+                    self._error(identity, h.key, refusal, h.req_id)
                     return
             if h.type in _PUSH_PULL:  # the usual message first
                 if self.trace is not None:
@@ -282,7 +253,7 @@ class Server:
             elif h.type == MsgType.STATUS:
                 self._status(identity, h)
             elif h.type == MsgType.INIT:
-                self._init(identity, msg)
+                self.declarations.init(identity, msg)
             elif h.type in _SPARSE:
                 self.sparse.handle(identity, msg)
             else:
@@ -290,174 +261,21 @@ class Server:
         except ProtocolError as e:
             self._error(identity, h.key, f"bad {h.type.name}: {e}", h.req_id)
 
-    def _init(self, identity: bytes, msg: Msg) -> None:
-        h = msg.header
-        req = decode_json(msg.body())
-        rank = h.sender
-        decl = {"name": str(req.get("name")), "numel": int(h.numel), "dtype": dtype_name(h.dtype),
-                "compression": req.get("compression"), "op": str(req.get("op") or "sum"),
-                "readers": req.get("readers"), "kind": req.get("kind"), "meta": req.get("meta"),
-                "writers": req.get("writers"), "shm": req.get("shm") is True}
-        if decl["op"] not in ("sum", "min", "max", "product", "concat", "store", "outer") or (
-                decl["readers"] is not None and not all(isinstance(r, int) for r in decl["readers"])):
-            self._error(identity, h.key, f"tensor {decl['name']!r}: op {decl['op']!r} / readers "
-                                         f"{decl['readers']!r} not understood", h.req_id)
-            return
-        writers = decl["writers"]
-        if writers is not None and not (isinstance(writers, list) and writers and len(set(writers)) == len(writers)
-                                        and all(type(r) is int and 0 <= r < self.num_workers for r in writers)
-                                        and rank in writers):
-            self._error(identity, h.key, f"tensor {decl['name']!r}: rank {rank} declared writers {writers!r}: "
-                                         f"expected a list of distinct ranks below {self.num_workers} that "
-                                         f"includes the declaring rank", h.req_id)
-            return
-        ks = self.keys.get(h.key)
-        if ks is not None:  # already initialised: a consistent re-init is answered at once
-            if (ks.name, ks.numel, ks.dtype, ks.op) == (decl["name"], decl["numel"], decl["dtype"], decl["op"]):
-                self._reply(identity, Header(MsgType.INIT_ACK, key=h.key, req_id=h.req_id))
-            else:
-                self._error(identity, h.key, f"tensor {decl['name']!r} re-declared by rank {rank} as "
-                                             f"{decl['dtype']}[{decl['numel']}], it is {ks.dtype}[{ks.numel}]",
-                            h.req_id)
-            return
-        if h.key not in self.pending_inits and len(self.keys) + len(self.pending_inits) >= self.cfg.server_max_keys:
-            self._error(identity, h.key, f"this server holds PUSHPULL_SERVER_MAX_KEYS={self.cfg.server_max_keys} "
-                                         f"keys already; INIT of key {h.key} refused", h.req_id)
-            return
-        pend = self.pending_inits.setdefault(h.key, {"since": time.monotonic(), "by": {}})
-        pend["by"][rank] = (identity, h.req_id, decl)
-        self._complete_init(h.key, pend)
-
-    def _complete_init(self, key: int, pend: dict) -> None:
-        """Create the key once every worker (but those that joined: they declare nothing) declared it, and
-        the declarations agree."""
-        writers = next(iter(pend["by"].values()))[2].get("writers")
-        expected = set(writers) if writers is not None else set(range(self.num_workers))
-        if not expected <= set(pend["by"]) | self.joined:
-            return
-        del self.pending_inits[key]
-        decl = next(iter(pend["by"].values()))[2]
-        variants: dict[str, list[int]] = {}
-        for r, (_, _, d) in sorted(pend["by"].items()):
-            sig = f"{d['dtype']}[{d['numel']}] compression={d['compression']}"
-            sig += f" op={d['op']}"
-            if d["kind"] not in (None, "allreduce"):
-                sig += f" ({d['kind']})"
-            if d["readers"] is not None:
-                sig += f" received by {d['readers']}"
-            if d.get("writers") is not None:
-                sig += f" pushed by {sorted(d['writers'])}"
-            for k, v in sorted((d["meta"] or {}).items()):
-                sig += f" {k}={v}"
-            variants.setdefault(sig, []).append(r)
-        if len(variants) > 1:
-            detail = "; ".join(f"rank(s) {rs}: {sig}" for sig, rs in variants.items())
-            text = f"tensor {decl['name']!r} (key {key}) differs across workers: {detail}"
-            for ident, req_id, _ in pend["by"].values():
-                self._error(ident, key, text, req_id)
-            return
-        ks = KeyState(key, decl["name"], decl["dtype"], decl["numel"], self.num_workers, decl["compression"])
-        ks.joined = self.joined
-        ks.needs_every_rank = decl.get("kind") == "broadcast"
-        backup = (decl["meta"] or {}).get("backup_workers", 0)
-        if backup:
-            problem = self._backup_problem(backup, decl)
-            if problem:
-                for ident, req_id, _ in pend["by"].values():
-                    self._error(ident, key, problem, req_id)
-                return
-            ks.use_backup(int(backup), self.cfg.backup_rounds)
-        ks.inline = ks.wire_nbytes <= INLINE_KEY_BYTES
-        ks.op = decl["op"]
-        ks.readers = frozenset(decl["readers"]) if decl["readers"] is not None else None
-        ks.writers = frozenset(decl["writers"]) if decl.get("writers") is not None else None
-        if decl["compression"]:
-            try:
-                from pushpull.server.codec import ServerCodec
-
-                ks.codec = ServerCodec(decl["compression"], decl["dtype"], decl["numel"], key=key)
-            except Exception as e:  # a bad spec is the workers' error, not a server crash
-                for ident, req_id, _ in pend["by"].values():
-                    self._error(ident, key, f"tensor {decl['name']!r}: compression {decl['compression']} "
-                                              f"rejected by the server: {e}", req_id)
-                return
-        if ks.op == "outer":  # DiLoCo / local SGD: the servers keep the global parameters and step them
-            problem = self._outer_problem(decl)
-            if problem:
-                for ident, req_id, _ in pend["by"].values():
-                    self._error(ident, key, problem, req_id)
-                return
-            from pushpull.server.reduce import ACC_NP
-
-            ks.outer = OuterSGD(**settings(decl["meta"] or {}), dtype=ACC_NP[decl["dtype"]])
-            ks.outer_deadline = round_deadline(decl["meta"] or {})
-        if ks.op == "store":  # asynchronous training: the servers keep the parameters
-            from pushpull.server.reduce import ACC_NP
-
-            ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
-        offered = sorted(r for r, (_, _, d) in pend["by"].items() if d.get("shm"))
-        if offered and self._shares_memory(ks):
-            ks.shm = self.regions.create(key, ks.wire_nbytes, len(offered))
-            if ks.shm is not None:
-                ks.shm_slot = {r: i for i, r in enumerate(offered)}
-                ks.shm_unseen = set(offered) - self.joined  # a rank that joined since it declared will not push
-                if not ks.shm_unseen:
-                    self.regions.unlinked(key)
-        self.keys[key] = ks
-        for r, (ident, req_id, _) in pend["by"].items():
-            body = [encode_json({"shm": ks.shm.describe(ks.shm_slot[r])})] if r in ks.shm_slot else []
-            self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id), body)
-
-    @staticmethod
-    def _outer_problem(decl: dict) -> str | None:
-        """Why an outer key (pushpull.outer) cannot be created, or None."""
-        name = decl["name"]
-        if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
-            return f"tensor {name!r}: the outer optimizer needs floating-point parameters, got {decl['dtype']}"
-        try:
-            settings(decl["meta"] or {})
-            round_deadline(decl["meta"] or {})
-        except ValueError as e:
-            return f"tensor {name!r}: {e}"
-        return None
-
-    def _shares_memory(self, ks: KeyState) -> bool:
-        """Whether a key's payloads can go through shared memory (PUSHPULL_LOCAL_SHM; pushpull.transport.shm):
-        a plain reduction of whole, uncompressed pushes by every worker, answered to every worker, in rounds
-        that each rank pushes once and pulls once."""
-        return (self.regions is not None and ks.op in ("sum", "min", "max", "product") and ks.codec is None
-                and not ks.backup and ks.store is None and ks.readers is None and ks.writers is None
-                and shm.MIN_KEY_BYTES < ks.wire_nbytes <= self.cfg.max_message_bytes)
-
-    def _backup_problem(self, backup, decl: dict) -> str | None:
-        """Why a key cannot have ``backup`` backup workers (None: it can)."""
-        if not isinstance(backup, int) or not 0 < backup < self.num_workers:
-            return (f"tensor {decl['name']!r}: PUSHPULL_BACKUP_WORKERS={backup!r} must be an integer from 0 to "
-                    f"{self.num_workers - 1} with {self.num_workers} workers")
-        if decl["op"] != "sum" or decl["compression"]:
-            return (f"tensor {decl['name']!r}: backup workers need a plain sum (op {decl['op']!r}, compression "
-                    f"{decl['compression']!r} asked)")
-        if decl.get("writers") is not None:
-            return (f"tensor {decl['name']!r}: backup workers and the local reduce (PUSHPULL_LOCAL_REDUCE) do not "
-                    f"combine: a round that completes without a machine would leave its local peers without "
-                    f"their slice; set PUSHPULL_LOCAL_REDUCE=0 to use PUSHPULL_BACKUP_WORKERS={backup}")
-        return None
-
     def metrics_samples(self) -> list:
         """PUSHPULL_METRICS_PORT's figures of this server (pushpull.metrics), read when Prometheus scrapes (a
         glance from another thread: the dicts are copied before they are walked)."""
         keys = list(self.keys.values())
         return [("pushpull_server_keys", "gauge", "keys (partitions) this server holds", len(keys)),
                 ("pushpull_server_declarations_pending", "gauge", "keys declared by some workers, not yet all",
-                 len(self.pending_inits)),
+                 len(self.declarations.pending)),
                 ("pushpull_server_rounds", "gauge", "rounds completed over every key in this generation",
                  sum(ks.completed for ks in keys)),
                 ("pushpull_server_queue_depth", "gauge", "requests queued for the summation threads",
                  sum(q.qsize() for q in self.engines)),
                 ("pushpull_server_late_pushes_total", "counter", "late pushes dropped (backup workers)",
                  sum(sum(ks.dropped.values()) for ks in keys)),
-                ("pushpull_workers", "gauge", "the job's workers now", self.num_workers),
-                ("pushpull_generation", "gauge", "changes of the job's workers so far (elastic)", self.gen)]
+                ("pushpull_workers", "gauge", "the job's workers now", self.members.num_workers),
+                ("pushpull_generation", "gauge", "changes of the job's workers so far (elastic)", self.members.gen)]
 
     def dropped_summary(self) -> str:
         """Late pushes dropped per key and rank (backup workers), for the log at shutdown."""
@@ -479,13 +297,14 @@ class Server:
         if self.sparse.owns(h.key):
             self.sparse.status(identity, h)
             return
-        pend = self.pending_inits.get(h.key)
+        pend = self.declarations.pending.get(h.key)
         ks = self.keys.get(h.key)
-        everyone = set(range(self.num_workers))
         if ks is not None:
             everyone = ks.expected()
-        elif pend is not None and next(iter(pend["by"].values()))[2].get("writers") is not None:
-            everyone = set(next(iter(pend["by"].values()))[2]["writers"])
+        elif pend is not None:
+            everyone = self.declarations.expected(pend)
+        else:
+            everyone = set(range(self.members.num_workers))
         if pend is not None:
             have, stage = set(pend["by"]), "declared it"
         elif ks is not None:
@@ -506,18 +325,7 @@ class Server:
                     self._hand_off(ks.key % len(self.engines), (None, _DEADLINE, ks))
                 else:
                     self._outer_deadline(ks)
-        now = time.monotonic()
-        for key, pend in list(self.pending_inits.items()):
-            if now - pend["since"] > self.cfg.timeout:
-                decl = next(iter(pend["by"].values()))[2]
-                expected = set(decl["writers"]) if decl.get("writers") is not None else set(range(self.num_workers))
-                missing = sorted(expected - set(pend["by"]))
-                name = decl["name"]
-                text = (f"tensor {name!r}: rank(s) {missing} never declared it within {self.cfg.timeout:.0f}s "
-                        f"(ranks {sorted(pend['by'])} did); do all workers push_pull the same tensors?")
-                for ident, req_id, _ in pend["by"].values():
-                    self._error(ident, key, text, req_id)
-                del self.pending_inits[key]
+        self.declarations.check_timeouts()
 
     # ------------------------------------------------------------ engines --
     def _hand_off(self, engine: int, item: tuple) -> None:
@@ -562,7 +370,7 @@ class Server:
             self._outer_deadline(ks)
             return
         h = msg.header
-        if h.gen != self.gen:  # queued before the workers changed (a RESET since): its round no longer exists
+        if h.gen != self.members.gen:  # queued before the workers changed (a RESET since): its round no longer exists
             return
         try:
             if ks.store is not None:
@@ -611,7 +419,7 @@ class Server:
     def _push(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
         if ks.shm_unseen:
-            self._pushed_once(ks, h.sender)
+            self.declarations.pushed_once(ks, h.sender)
         try:
             if h.flags & Flags.ABORT:  # raises Disagreement (the round fails), or returns: nothing to fail
                 ks.abort(h.round, h.sender, str(decode_json(msg.body()).get("error", "aborted")))
@@ -627,7 +435,7 @@ class Server:
             data = self._decode_push(msg, ks)
             done = ks.push(h.round, h.sender, data, h.req_id, h.extra if ks.op == "concat" else 0)
         except Busy:  # backup workers: a late rank has not pulled the round this slot holds yet
-            if len(ks.deferred) >= 2 * self.num_workers:
+            if len(ks.deferred) >= 2 * self.members.num_workers:
                 raise RoundError(f"tensor {ks.name!r}: more than {len(ks.deferred)} pushes wait for a late rank")
             ks.deferred.append((identity, msg))
             return
@@ -649,14 +457,6 @@ class Server:
             for ident, rank, req_id in done.waiting:
                 self._answer_pull(ident, rank, req_id, h.key, h.round, ks, done)
             done.waiting.clear()
-
-    def _pushed_once(self, ks: KeyState, rank: int) -> None:
-        """Rank ``rank`` pushed ``ks`` (or joined): it has mapped the key's region or given up on it, so once every
-        rank it was offered to has, its file is unlinked (the mappings stay)."""
-        if rank in ks.shm_unseen:
-            ks.shm_unseen.discard(rank)
-            if not ks.shm_unseen:
-                self.regions.unlinked(ks.key)
 
     @staticmethod
     def _answer_in(ks: KeyState, h: Header) -> None:
