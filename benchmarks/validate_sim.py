@@ -32,7 +32,7 @@ Five columns of errors:
   its start-up probes (:func:`pushpull.sim.config.per_call_costs`);
 * **+optimizer (probe)**: that, plus the optimizer's own cost on the training
   thread (``SimOptions.update_s``, ``step_call_s``, ``wake_s``) from
-  :func:`pushpull.bench.grid.layerwise_probe`, which runs with communication
+  :func:`pushpull.bench.layerwise_probe.layerwise_probe`, which runs with communication
   taken out: the job's own probe (``opt_probe`` in rows of newer jobs) or else
   the standalone one of the same model and backend
   (``benchmarks/layerwise_probe.py`` -> ``--opt-probe``, default

@@ -31,7 +31,7 @@ INT8 = textwrap.dedent('''
     """int8q: each value as one signed byte of max|x| / 127 (a test codec)."""
     import torch
 
-    from pushpull.compression.base import Compressor, Option, Payload, flat_input, output_for, register_codec
+    from pushpull.compression.base import Codec, Option, Payload, flat_input, output_for, register_codec
 
 
     def _check_levels(v):
@@ -40,7 +40,7 @@ INT8 = textwrap.dedent('''
 
 
     @register_codec
-    class Int8Q(Compressor):
+    class Int8Q(Codec):
         codec = 200
         name = "int8q"
         options = {"levels": Option(127, _check_levels, "quantisation levels per sign")}

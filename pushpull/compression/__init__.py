@@ -13,7 +13,7 @@ from pushpull.extend import extend_package_path as _extend, import_all as _impor
 
 _extend(__path__, __name__)
 
-from .base import Compressor, Option, Payload, codec_by_name, codecs, decode_payload, register_codec, resolve_k  # noqa: E402
+from .base import Codec, Option, Payload, codec_by_name, codecs, decode_payload, register_codec, resolve_k  # noqa: E402
 from .dithering import Dithering  # noqa: E402
 from .error_feedback import ErrorFeedback  # noqa: E402
 from .fp16 import FP16  # noqa: E402
@@ -46,7 +46,7 @@ discover()
 
 __all__ = [
     "COMPRESSORS",
-    "Compressor",
+    "Codec",
     "Dithering",
     "ERROR_FEEDBACKS",
     "ErrorFeedback",

@@ -28,7 +28,7 @@ from pushpull import dtypes as _dt
 
 __all__ = [
     "Payload",
-    "Compressor",
+    "Codec",
     "decode_payload",
     "register_codec",
     "codec_by_name",
@@ -56,12 +56,12 @@ _DTYPES: dict[int, torch.dtype] = {code: d.torch for code, d in _dt.BY_PAYLOAD.i
 _DTYPE_CODE = {dt: code for code, dt in _DTYPES.items()}
 FLOAT_DTYPES = tuple(_dt.to_torch(n) for n in _dt.FLOAT_NAMES)
 
-# The one codec registry: wire id -> compressor class, filled by @register_codec when a codec's module is
+# The one codec registry: wire id -> codec class, filled by @register_codec when a codec's module is
 # imported (pushpull.compression imports every module of the package); names are looked up in it too.
-_CODECS: dict[int, type["Compressor"]] = {}
+_CODECS: dict[int, type["Codec"]] = {}
 
 
-def register_codec(cls: type["Compressor"]) -> type["Compressor"]:
+def register_codec(cls: type["Codec"]) -> type["Codec"]:
     """Class decorator: make payloads with ``cls.codec`` decodable anywhere and ``cls.name`` usable in
     a compression spec. The id is what travels (one byte); the name and the options are the spec's."""
     if not 0 <= cls.codec <= 255:
@@ -83,14 +83,14 @@ def register_codec(cls: type["Compressor"]) -> type["Compressor"]:
     return cls
 
 
-def codec_by_name(name: str) -> type["Compressor"] | None:
+def codec_by_name(name: str) -> type["Codec"] | None:
     for cls in _CODECS.values():
         if cls.name == name:
             return cls
     return None
 
 
-def codecs() -> list[type["Compressor"]]:
+def codecs() -> list[type["Codec"]]:
     """Every registered codec, by wire id."""
     return [_CODECS[i] for i in sorted(_CODECS)]
 
@@ -100,7 +100,7 @@ class Option:
     """A key of the compression spec that a codec (or a wrapper) reads: its default, and ``check``, which
     raises ValueError naming the key for a bad value. Checks run whichever codec the spec picks (a
     spec may carry settings for several); what only makes sense for the chosen codec goes in its
-    :meth:`Compressor.normalize`."""
+    :meth:`Codec.normalize`."""
 
     default: Any = None
     check: Callable[[Any], None] | None = None
@@ -115,7 +115,7 @@ def _check_seed(seed) -> None:
 SEED = Option(None, _check_seed, "random seed (null: the codec's default); offset per partition key")
 
 
-def _codec_class(codec: int) -> type["Compressor"]:
+def _codec_class(codec: int) -> type["Codec"]:
     try:
         return _CODECS[codec]
     except KeyError:
@@ -362,7 +362,7 @@ def lut_decode(packed: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
         out[full * per:] = table[packed[full], :rem]
 
 
-class Compressor:
+class Codec:
     """Turns one tensor into a :class:`Payload` and back.
 
     Instances are per tensor (or per partition): wrappers such as error
@@ -379,7 +379,7 @@ class Compressor:
         """Complete and validate ``spec`` (a dict with every key) when this codec is the chosen one."""
 
     @classmethod
-    def from_spec(cls, spec: dict, seed_offset: int = 0) -> "Compressor":
+    def from_spec(cls, spec: dict, seed_offset: int = 0) -> "Codec":
         """The worker's codec for one partition: its options from the spec, a seed offset by the key."""
         kwargs = {key: spec[key] for key in cls.options}
         if kwargs.get("seed") is not None:
@@ -387,7 +387,7 @@ class Compressor:
         return cls(**kwargs)
 
     @classmethod
-    def server_chain(cls, spec: dict, seed_offset: int, wrap: Callable[["Compressor"], "Compressor"]) -> "Compressor":
+    def server_chain(cls, spec: dict, seed_offset: int, wrap: Callable[["Codec"], "Codec"]) -> "Codec":
         """What the server re-compresses each sum with: by default the same codec under the server-side
         wrappers (``wrap``: error feedback)."""
         return wrap(cls.from_spec(spec, seed_offset))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from .base import CHUNK, SEED, Compressor, Option, Payload, decode_into, flat_input, lut_decode, make_rng, output_for, register_codec
+from .base import CHUNK, SEED, Codec, Option, Payload, decode_into, flat_input, lut_decode, make_rng, output_for, register_codec
 
 PARTITIONS = ("linear", "natural")
 NORMALIZATIONS = ("max", "l2")
@@ -57,7 +57,7 @@ def byte_table(s: int, natural: bool, scale: float) -> np.ndarray:
 
 
 @register_codec
-class Dithering(Compressor):
+class Dithering(Codec):
     """Each |x|/scale is rounded at random to one of the two nearest levels,
     with probabilities that make the expectation exact.
 

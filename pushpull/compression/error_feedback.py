@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from .base import Compressor, Payload
+from .base import Codec, Payload
 from .wrapper import Wrapper
 
 
@@ -22,7 +22,7 @@ class ErrorFeedback(Wrapper):
 
     key, value, order, on_server = "ef", "vanilla", 10, True
 
-    def __init__(self, compressor: Compressor, lr_getter: Callable[[], float] | None = None):
+    def __init__(self, compressor: Codec, lr_getter: Callable[[], float] | None = None):
         super().__init__(compressor)
         self.lr_getter = lr_getter
         self._error: torch.Tensor | None = None

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressor, Payload, flat_input, output_for, register_codec
+from .base import Codec, Payload, flat_input, output_for, register_codec
 
 
 @register_codec
-class FP16(Compressor):
+class FP16(Codec):
     """Cast to float16 for the wire and back to the original dtype on arrival."""
 
     codec = 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Compressor, Option, Payload, decode_into, flat_input, output_for, register_codec
+from .base import Codec, Option, Payload, decode_into, flat_input, output_for, register_codec
 
 LEVELS = 127  # symmetric: -127..127, so that 0 is exact and the scale is max|x| / 127
 
@@ -23,7 +23,7 @@ def _check_block(v) -> None:
 
 
 @register_codec
-class Int8(Compressor):
+class Int8(Codec):
     """Each element as round(x / s) in int8, ``s`` the float32 scale of its block of ``block`` elements."""
 
     codec = 6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressor, Option, Payload
+from .base import Codec, Option, Payload
 from .wrapper import Wrapper
 
 
@@ -24,7 +24,7 @@ class NesterovMomentum(Wrapper):
     key, value, order, on_server, every_tensor = "momentum", "nesterov", 20, False, True
     options = {"mu": Option(0.9, _check_mu, "Nesterov momentum coefficient, in [0, 1)")}
 
-    def __init__(self, compressor: Compressor, mu: float = 0.9):
+    def __init__(self, compressor: Codec, mu: float = 0.9):
         mu = float(mu)
         if not 0.0 <= mu < 1.0:
             raise ValueError(f"nesterov momentum: mu must be in [0, 1), got {mu!r}")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressor, Payload, _DTYPE_CODE, output_for, register_codec
+from .base import Codec, Payload, _DTYPE_CODE, output_for, register_codec
 
 
 @register_codec
-class NoCompression(Compressor):
+class NoCompression(Codec):
     """Sends the tensor as is; used below ``min_compress_bytes`` and as the default."""
 
     codec = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import CHUNK, Compressor, Option, Payload, decode_into, flat_input, lut_decode, output_for, register_codec
+from .base import CHUNK, Codec, Option, Payload, decode_into, flat_input, lut_decode, output_for, register_codec
 
 _FLAG_SCALING = 1
 
@@ -19,7 +19,7 @@ def _check_scaling(v) -> None:
 
 
 @register_codec
-class OneBit(Compressor):
+class OneBit(Codec):
     """Sign bits packed 32 per little-endian word (bit set = negative: x < 0) plus one scale.
 
     The sign is BytePS's: ``x < 0`` is negative, so -0.0 (and NaN) decode to +scale. Taking the IEEE sign

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import SEED, Compressor, Option, Payload, check_k, flat_input, make_rng, register_codec, require_k, resolve_k
+from .base import SEED, Codec, Option, Payload, check_k, flat_input, make_rng, register_codec, require_k, resolve_k
 from .sparse import scatter_decode, sparse_layout
 
 # Header flag bit 0: the values were multiplied by n/k (informational; decode is the same).
@@ -21,7 +21,7 @@ DEFAULT_SEED = 2020
 
 
 @register_codec
-class RandomK(Compressor):
+class RandomK(Codec):
     """k indices drawn uniformly with replacement; repeated indices add on decode.
 
     ``scale=True``: every draw carries x_i * n/k, so E[decode] = x exactly.
@@ -101,7 +101,7 @@ class RandomK(Compressor):
         return f"RandomK(k={self.k:g}, seed={self.seed}, scale={self.scale})"
 
 
-class RandomKSum(Compressor):
+class RandomKSum(Codec):
     """The server's random-k: send the sum of the pushes on their own support.
 
     BytePS' server does not re-sample random-k: with one seed on every worker

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from pushpull.config import DEFAULTS
 
-from .base import Compressor, codec_by_name, codecs
+from .base import Codec, codec_by_name, codecs
 from .error_feedback import ErrorFeedback
 from .momentum import NesterovMomentum
 from .wrapper import Wrapper
@@ -38,7 +38,7 @@ MIN_COMPRESS_BYTES = DEFAULTS.min_compress_bytes
 class _Codecs(Mapping):
     """name -> codec class, a live view of the one registry (a codec registered later shows up)."""
 
-    def __getitem__(self, name: str) -> type[Compressor]:
+    def __getitem__(self, name: str) -> type[Codec]:
         cls = codec_by_name(name)
         if cls is None:
             raise KeyError(name)
@@ -51,7 +51,7 @@ class _Codecs(Mapping):
         return len(codecs())
 
 
-COMPRESSORS: Mapping[str, type[Compressor]] = _Codecs()
+COMPRESSORS: Mapping[str, type[Codec]] = _Codecs()
 
 
 def spec_defaults() -> dict[str, Any]:
@@ -108,7 +108,7 @@ def normalize_spec(spec: Mapping | str | None) -> dict:
     return out
 
 
-def _wrap(spec: dict, chain: Compressor, lr_getter, server: bool) -> Compressor:
+def _wrap(spec: dict, chain: Codec, lr_getter, server: bool) -> Codec:
     for w in WRAPPERS:
         if spec[w.key] == w.value and (w.on_server or not server):
             chain = w.wrap(chain, spec, lr_getter)
@@ -116,7 +116,7 @@ def _wrap(spec: dict, chain: Compressor, lr_getter, server: bool) -> Compressor:
 
 
 def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
-          seed_offset: int = 0) -> Compressor:
+          seed_offset: int = 0) -> Codec:
     """The worker chain for one tensor: momentum -> error feedback -> codec.
 
     ``seed_offset`` (e.g. a partition's key) is added to the spec's seed so
@@ -128,7 +128,7 @@ def build(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] |
 
 
 def build_server(spec: Mapping | str | None = None, *, lr_getter: Callable[[], float] | None = None,
-                 seed_offset: int = 0) -> Compressor:
+                 seed_offset: int = 0) -> Codec:
     """The server chain: it re-compresses each sum with its own error feedback
     and never applies momentum (that already happened on the workers); a codec may
     choose otherwise (random-k sums are sent on their own support: :class:`RandomKSum`).

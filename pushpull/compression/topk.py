@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import torch
 
-from .base import CHUNK, Compressor, Option, Payload, check_k, flat_input, register_codec, require_k, resolve_k
+from .base import CHUNK, Codec, Option, Payload, check_k, flat_input, register_codec, require_k, resolve_k
 from .sparse import scatter_decode, sparse_layout
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def _select(mags: np.ndarray, kth, k: int) -> np.ndarray:
 
 
 @register_codec
-class TopK(Compressor):
+class TopK(Codec):
     """(index, value) pairs of the k largest |x|; decode scatters them into zeros.
 
     Exact, but not a full sort: a strided sample estimates a threshold a little

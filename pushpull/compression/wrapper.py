@@ -11,10 +11,10 @@ from typing import Callable, ClassVar
 
 import torch
 
-from .base import Compressor, Option
+from .base import Codec, Option
 
 
-class Wrapper(Compressor):
+class Wrapper(Codec):
     key: ClassVar[str] = ""             # the spec key that switches it on
     value: ClassVar[str] = ""           # ... and the value that does
     order: ClassVar[int] = 0            # smaller = nearer the codec
@@ -22,11 +22,11 @@ class Wrapper(Compressor):
     every_tensor: ClassVar[bool] = False  # also for tensors too small to compress (sent raw): momentum
     options: ClassVar[dict[str, Option]] = {}
 
-    def __init__(self, inner: Compressor):
+    def __init__(self, inner: Codec):
         self.inner = inner
 
     @classmethod
-    def wrap(cls, inner: Compressor, spec: dict, lr_getter: Callable[[], float] | None) -> "Wrapper":
+    def wrap(cls, inner: Codec, spec: dict, lr_getter: Callable[[], float] | None) -> "Wrapper":
         """This wrapper around ``inner`` with the spec's options."""
         raise NotImplementedError
 

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from pushpull.worker import broadcast as _bc
-from pushpull.worker.compression import Compression, Compressor
+from pushpull.worker.compression import Compression, normalize
 from pushpull.worker.context import (  # noqa: F401 - Horovod's names
     CONTEXT as _ctx, barrier, distributed, init, is_initialized, local_rank, local_size, rank, shutdown, size,
 )
@@ -62,16 +62,6 @@ def _average_of(average: bool | None, op) -> bool:
     raise NotImplementedError(f"op={ReduceOp(int(op))!r}: the TensorFlow binding supports op=Average and op=Sum "
                               f"(Min, Max and Product run on the servers through pushpull.torch.allreduce, "
                               f"not from TensorFlow yet; Adasum nowhere)")
-
-
-def _spec(compression) -> Compressor | None:
-    if compression is None or compression is Compression.none:
-        return None
-    if isinstance(compression, str):
-        return Compression.build(compression)
-    if isinstance(compression, dict):
-        return Compressor(compression, str(compression.get("compressor", "custom")))
-    return compression
 
 
 def _in_xla() -> bool:
@@ -145,7 +135,7 @@ def reduce_many(tensors: list, names: list[str], priorities: list[int] | None = 
         for i in live:
             out[i] = tensors[i] if scale == 1.0 else tensors[i] * tf.cast(scale, tensors[i].dtype)
         return out
-    spec = _spec(compression)
+    spec = normalize(compression)
     order = sorted(live, key=lambda i: (priorities[i], -i))  # least urgent first: the backward order
     if tf.executing_eagerly():
         handles = {i: _start_np(tensors[i].numpy(), names[i], average, priorities[i], spec, prescale_factor)

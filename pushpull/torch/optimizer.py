@@ -21,6 +21,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.compression import Compression
+from pushpull.worker.compression import normalize
 from pushpull.torch.executors import make_strategy
 from pushpull.torch.hooks import register_step_callback, step_done
 from pushpull.worker import trace as _trace
@@ -66,10 +67,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         opts = dict(strategy_options or {})
-        # a wire compressor goes to the engine as its spec; a Horovod-style one is applied around each reduction
-        wire = self._compression.spec if getattr(self._compression, "wire", False) else self._compression
         self._strategy = strategy if not isinstance(strategy, str) and strategy is not None else make_strategy(
-            strategy or ops.config().strategy, compression=wire, **opts)
+            strategy or ops.config().strategy, compression=normalize(self._compression), **opts)
         self._hooks = []
         # backup workers (PUSHPULL_BACKUP_WORKERS): a step may be followed by catch-up steps (catch_up())
         self._backup = ops.config().backup_workers > 0 and ops.engine() is not None

@@ -81,3 +81,29 @@ class Compression:
         except ImportError:
             pass
         return Compressor(spec, compressor)
+
+
+def normalize(compression) -> Compressor | None:
+    """The ``compression`` argument in any of its forms, turned once, at the API edge, into the one object
+    every layer below takes: None (no compression), a wire :class:`Compressor` (its ``spec`` travels to the
+    engine and the servers), or a Horovod-style compressor (``compress``/``decompress`` around the reduction).
+
+    Forms: None or ``Compression.none``; a codec's name (``"onebit"``); a spec dict (BytePS's
+    ``compression_params``, ``{"compressor": "topk", "k": 0.01}``); ``Compression.fp16`` or
+    ``Compression.build(...)``; a Horovod-style class or object."""
+    if compression is None or compression is Compression.none:
+        return None
+    if isinstance(compression, str):
+        return Compression.build(compression)
+    if isinstance(compression, dict):
+        if "compressor" not in compression:
+            raise ValueError(f"compression spec {compression!r} names no compressor (e.g. {{'compressor': 'onebit'}})")
+        spec = dict(compression)
+        return Compression.build(spec.pop("compressor"), **spec)
+    if getattr(compression, "wire", False):
+        return compression if compression.spec else None
+    if callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None)):
+        return compression
+    raise TypeError(f"compression={compression!r} is neither a pushpull compression (Compression.none, "
+                    f"Compression.fp16, Compression.build(...), a codec's name or spec dict) nor a Horovod-style "
+                    f"compressor with compress(tensor) -> (tensor, ctx) and decompress(tensor, ctx) -> tensor")

@@ -23,6 +23,7 @@ from pushpull.dtypes import BY_NAME
 from pushpull.config import Config, load_config, python_log_level, worker_identity
 from pushpull.transport.protocol import round_sig
 from pushpull.worker import trace as _trace
+from pushpull.worker.compression import normalize
 from pushpull.worker.engine import PLAIN, Engine, KeySpec
 from pushpull.worker.handle import Handle, PushPullError
 from pushpull.worker.tensors import describe as _describe_tensor
@@ -98,7 +99,7 @@ def _key_bytes(key: str) -> bytes:
 
 
 def compression_spec(compression) -> dict | None:
-    """The wire spec a compression object carries (``Compression.fp16``'s ``spec``, or a spec dict)."""
+    """The wire spec a (normalized, :func:`pushpull.worker.compression.normalize`) compression carries."""
     if compression is None:
         return None
     spec = getattr(compression, "spec", compression)
@@ -109,11 +110,7 @@ def custom_compressor(compression):
     """A Horovod-style compressor (``compress``/``decompress``, no wire spec), applied on this worker."""
     if compression is None or isinstance(compression, dict) or getattr(compression, "wire", False):
         return None
-    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
-        raise TypeError(f"compression={compression!r} is neither a pushpull compression (Compression.none, "
-                        f"Compression.fp16, Compression.build(...)) nor a Horovod-style compressor with "
-                        f"compress(tensor) -> (tensor, ctx) and decompress(tensor, ctx) -> tensor")
-    return compression
+    return normalize(compression)
 
 
 class JobContext:
@@ -475,12 +472,12 @@ class JobContext:
     def push_pull_async(self, tensor, output, average: bool, name: str | None, priority: int = 0,
                         compression=None) -> int:
         """Start a user reduction of ``tensor`` (into ``output``, or a new tensor); returns a handle."""
-        return self.submit_key(tensor, output, average, self.user_key(name, tensor), priority, compression,
-                               sig=round_sig(average=average))
+        return self.submit_key(tensor, output, average, self.user_key(name, tensor), priority,
+                               normalize(compression), sig=round_sig(average=average))
 
     def push_pull(self, tensor, output, average: bool, name: str | None, compression=None):
         """A blocking user reduction of ``tensor`` (into ``output``, or a new tensor)."""
-        return self.reduce_now(tensor, output, average, self.user_key(name, tensor), compression,
+        return self.reduce_now(tensor, output, average, self.user_key(name, tensor), normalize(compression),
                                sig=round_sig(average=average))
 
     def declare(self, name: str, tensor=None) -> None:

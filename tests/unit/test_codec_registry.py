@@ -46,9 +46,9 @@ def test_it_round_trips_through_the_registry(int8q):
 
 
 def test_two_codecs_cannot_share_a_wire_id():
-    from pushpull.compression.base import Compressor, register_codec
+    from pushpull.compression.base import Codec, register_codec
 
-    class Clash(Compressor):
+    class Clash(Codec):
         codec = 2
         name = "clash"
 

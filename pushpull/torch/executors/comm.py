@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from pushpull.torch import ops
+from pushpull.worker.context import CONTEXT, GRADIENT, JobContext
+from pushpull.worker.engine import PLAIN
 
 
 class Comm:
@@ -44,37 +46,40 @@ class Comm:
 
 
 class PSComm(Comm):
-    """push_pull through the parameter servers (priority and credit in the worker engine)."""
+    """push_pull through the parameter servers (priority and credit in the worker engine): it holds the job
+    context and submits to it directly (docs/architecture.md, a gradient's way down)."""
 
     backend = "ps"
 
-    def __init__(self, compression=None):
+    def __init__(self, compression=None, ctx: JobContext = CONTEXT):
         self.compression = compression
+        self.ctx = ctx
 
     def submit(self, tensor, name, priority, average=True):
         # gradients have a name space of their own on the servers (BytePS's "Gradient." prefix); averaged ones
         # may complete without the slowest workers (PUSHPULL_BACKUP_WORKERS), a broadcast never
-        return ops.submit_key(tensor, tensor, average, ops.key_name(ops.GRADIENT, name), priority,
+        ctx = self.ctx
+        return ctx.submit_key(tensor, tensor, average, ctx.key_name(GRADIENT, name), priority,
                               self.compression if average else None,
-                              spec=ops.backup_spec() if average else ops.PLAIN)
+                              spec=ctx.backup_spec() if average else PLAIN)
 
     def wait(self, token) -> None:
-        ops.synchronize(token)
+        self.ctx.synchronize(token)
 
     def poll(self, token) -> bool:
-        return ops.poll(token)
+        return self.ctx.poll(token)
 
     def set_scheduling(self, partition_bytes: int, credit_bytes: int) -> None:
-        eng = ops.engine()
+        eng = self.ctx.need_init().engine
         if eng is not None:
             eng.set_scheduling(partition_bytes or None, credit_bytes)
 
     def scope(self):
-        return ("ps", id(ops.engine()))
+        return ("ps", id(self.ctx.need_init().engine))
 
     def check_keys(self) -> None:
         """After the first step: the engine warns once if a hand-set key size gives too few keys per server."""
-        eng = ops.engine()
+        eng = self.ctx.need_init().engine
         if eng is not None:
             eng.check_keys()
 
@@ -82,8 +87,8 @@ class PSComm(Comm):
         """BYTEPS_PARTITION_BYTES and BYTEPS_SCHEDULING_CREDIT in bytes (0 = credit off: FIFO;
         'auto' = its floor: one partition per server, at least two; the engine grows it to the measured
         bandwidth-delay product)."""
-        cfg = ops.config()
-        eng = ops.engine()
+        cfg = self.ctx.need_init().cfg
+        eng = self.ctx.engine
         if eng is not None:  # the engine's own: an optimizer may have fitted the key to the model
             return eng.cfg.partition_bytes, eng.default_credit_bytes(eng.cfg.partition_bytes)
         return cfg.partition_bytes, (cfg.scheduling_credit or 0) * cfg.partition_bytes
