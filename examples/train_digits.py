@@ -249,7 +249,7 @@ def main(argv=None) -> int:
             print(text, flush=True)
 
     eng = bps.engine()
-    known = set(eng.entries) if eng is not None else set()
+    known = set(eng.table.entries) if eng is not None else set()
     grad_entries: list = []
     wall0 = time.perf_counter()
     # Elastic (pushpull launch --min-workers M): if a worker dies, the others raise WorkersChanged, go back
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     def train(state) -> None:
         nonlocal grad_entries, known
         if eng is not None and not grad_entries:  # run() has synced the state: its tensors are not gradients
-            known = set(eng.entries)
+            known = set(eng.table.entries)
         while state.epoch < args.epochs:
             epoch = state.epoch
             rank, size = bps.rank(), bps.size()  # read at every epoch: they change when a worker is lost
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
             if eng is not None:  # step() waited for every pull, so every push of this epoch is counted
                 state.step_bytes += eng.stats["bytes_pushed"] - pushed0
                 if not grad_entries:  # the tensors first used inside the steps: the gradients
-                    grad_entries = [e for name, e in eng.entries.items() if name not in known]
+                    grad_entries = [e for name, e in eng.table.entries.items() if name not in known]
             total_loss, n, time_sum = reduce_sum([loss_sum, float(len(idx)), epoch_time], "digits.train")
             state.train_time += time_sum / size
             state.samples += n

@@ -206,7 +206,7 @@ class AutoTuner:
         # what is in force now (a strategy may have set it), else the configuration
         self._base_partition = eng.cfg.partition_bytes if eng is not None else (cfg.partition_bytes if cfg else None)
         if baseline is None and eng is not None:
-            baseline = (eng.cfg.partition_bytes, eng.queue.credit_bytes)
+            baseline = (eng.cfg.partition_bytes, eng.kv.queue.credit_bytes)
         elif baseline is None and cfg is not None:
             baseline = (cfg.partition_bytes, (cfg.scheduling_credit or 0) * cfg.partition_bytes)
         baseline = space.clamp(*(baseline or (space.partition[1], space.credit[1])))

@@ -219,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         eng = ops.engine()
         taken = 0
         limit = 4 * ops.config().backup_rounds  # the others may keep completing rounds meanwhile: bounded
-        while eng is not None and taken < limit and eng.rounds_behind() > 0:
+        while eng is not None and taken < limit and eng.status.rounds_behind() > 0:
             for p in self._names:
                 if p.grad is not None:
                     p.grad.zero_()  # not sent: the engine only pulls a round its servers said had completed

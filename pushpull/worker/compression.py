@@ -83,14 +83,24 @@ class Compression:
         return Compressor(spec, compressor)
 
 
-def normalize(compression) -> Compressor | None:
+def normalize(compression, what: str = "") -> Compressor | None:
     """The ``compression`` argument in any of its forms, turned once, at the API edge, into the one object
     every layer below takes: None (no compression), a wire :class:`Compressor` (its ``spec`` travels to the
     engine and the servers), or a Horovod-style compressor (``compress``/``decompress`` around the reduction).
 
     Forms: None or ``Compression.none``; a codec's name (``"onebit"``); a spec dict (BytePS's
     ``compression_params``, ``{"compressor": "topk", "k": 0.01}``); ``Compression.fp16`` or
-    ``Compression.build(...)``; a Horovod-style class or object."""
+    ``Compression.build(...)``; a Horovod-style class or object. ``what`` names the call for the error
+    (``push_pull of 'fc.weight'``), which names the compressor too."""
+    if not what:
+        return _normalize(compression)
+    try:
+        return _normalize(compression)
+    except (ValueError, TypeError) as ex:
+        raise type(ex)(f"{what}: bad compression {compression!r}: {ex}") from None
+
+
+def _normalize(compression) -> Compressor | None:
     if compression is None or compression is Compression.none:
         return None
     if isinstance(compression, str):

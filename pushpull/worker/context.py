@@ -422,7 +422,7 @@ class JobContext:
             h.output = None
         elif spec.op == "concat":
             h.output = output if output is not None else kind.zeros((spec.numel,), UINT8)
-            h.output[offset:offset + int(np.prod(kind.shape(src)))] = src.reshape(-1)
+            h.output[offset:offset + kind.numel(src)] = src.reshape(-1)
         elif output is None:
             h.output = kind.clone(src)
         else:
@@ -462,7 +462,7 @@ class JobContext:
         self.need_init()
         if (self.engine is not None and compression is None and spec.op != "concat" and spec.readers is None
                 and hasattr(tensor, "shape")):
-            out = self.engine.push_pull_now(tensor, output, key + self.name_suffix, average, sig, spec)
+            out = self.engine.direct_calls.push_pull_now(tensor, output, key + self.name_suffix, average, sig, spec)
             if out is not None:
                 if self.noname_keys:  # a named key holds no slot
                     self.release_key(key)
@@ -472,12 +472,14 @@ class JobContext:
     def push_pull_async(self, tensor, output, average: bool, name: str | None, priority: int = 0,
                         compression=None) -> int:
         """Start a user reduction of ``tensor`` (into ``output``, or a new tensor); returns a handle."""
-        return self.submit_key(tensor, output, average, self.user_key(name, tensor), priority,
-                               normalize(compression), sig=round_sig(average=average))
+        compression = normalize(compression, f"push_pull of {name!r}" if name else "an unnamed push_pull")
+        return self.submit_key(tensor, output, average, self.user_key(name, tensor), priority, compression,
+                               sig=round_sig(average=average))
 
     def push_pull(self, tensor, output, average: bool, name: str | None, compression=None):
         """A blocking user reduction of ``tensor`` (into ``output``, or a new tensor)."""
-        return self.reduce_now(tensor, output, average, self.user_key(name, tensor), normalize(compression),
+        compression = normalize(compression, f"push_pull of {name!r}" if name else "an unnamed push_pull")
+        return self.reduce_now(tensor, output, average, self.user_key(name, tensor), compression,
                                sig=round_sig(average=average))
 
     def declare(self, name: str, tensor=None) -> None:
@@ -491,7 +493,7 @@ class JobContext:
         because their round had completed without them (every partition counts; {} in a one-process job or
         with backup off)."""
         eng = self.need_init().engine
-        return eng.late_pushes() if eng is not None else {}
+        return eng.status.late_pushes() if eng is not None else {}
 
     def backup_spec(self) -> KeySpec:
         """The key spec of an averaged gradient: with PUSHPULL_BACKUP_WORKERS=b > 0 its rounds complete with

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 class DirectPath:
-    """Per-thread sockets to the servers, for :meth:`pushpull.worker.engine.Engine.push_pull_now`."""
+    """Per-thread sockets to the servers, for :meth:`pushpull.worker.direct_call.DirectCalls.push_pull_now`."""
 
     _thread_ids = itertools.count()
 

@@ -38,6 +38,7 @@ from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
 from pushpull.worker.average import Averager
 from pushpull.worker.direct import DirectPath
+from pushpull.worker.direct_call import DirectCalls
 from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
@@ -45,6 +46,7 @@ from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED: t
     FAILED, INITING, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition,
     TensorTable, raw_bytes,
 )
+from pushpull.worker.status import StatusQueries
 from pushpull.worker.tensors import kind_of
 from pushpull.worker.window import AutoWindow
 
@@ -84,6 +86,8 @@ class Engine:
         self.num_servers = 0
         self.started = False
         self.direct: DirectPath | None = None  # blocking small calls on the caller's thread
+        self.direct_calls = DirectCalls(self)  # when a blocking call may take it, and what it does with the answer
+        self.status = StatusQueries(self)  # what the servers say of this worker's tensors
         self.changed_unseen = False  # a RESET happened and no WorkersChanged reached the caller since
         self._join_done = threading.Event()  # join(): set when every worker has joined, or the cluster failed
         self.member.on_failure(lambda _reason: self._join_done.set())  # a waiter in join() hears of it at once
@@ -99,15 +103,10 @@ class Engine:
         self.metrics = None  # the Prometheus endpoint (PUSHPULL_METRICS_PORT)
         self.tensorboard = None  # PUSHPULL_TENSORBOARD_DIR's writer
 
-    # ------------------------------------------------------------ the layers' state, by its old names --
+    # ------------------------------------------------------------ who this worker is now --
     rank = property(lambda self: self.kv.rank, doc="this worker's rank (changes when the workers change)")
     gen = property(lambda self: self.kv.gen, doc="membership generation (elastic training): +1 at each RESET")
     size = property(lambda self: self.averager.size, doc="the number of workers")
-    entries = property(lambda self: self.table.entries, doc="every tensor used, by name")
-    table_lock = property(lambda self: self.table.lock)
-    ops = property(lambda self: self.kv.inflight, doc="partition key -> op in flight")
-    parts_by_key = property(lambda self: self.kv.parts)
-    queue = property(lambda self: self.kv.queue, doc="the credit queue")
     window = property(lambda self: self.kv.window,
                       doc="BYTEPS_SCHEDULING_CREDIT=auto with remote servers, while in force")
     changed_reason = property(lambda self: self.pipeline.changed_reason, doc="what the last change of the job was")
@@ -389,8 +388,8 @@ class Engine:
         src = self.cfg.sources.get("partition_bytes", "default")
         if src == "default" or not self.num_servers:
             return None
-        with self.table_lock:
-            sizes = [sum(p.nbytes for p in e.parts) for n, e in self.entries.items() if n.startswith(prefix)]
+        with self.table.lock:
+            sizes = [sum(p.nbytes for p in e.parts) for n, e in self.table.entries.items() if n.startswith(prefix)]
         msg = few_keys_warning(sizes, int(self.cfg.partition_bytes), int(self.num_servers),
                                default_partition_bytes(self.num_servers), src)
         if msg:
@@ -400,7 +399,7 @@ class Engine:
     def declare(self, name: str, tensor, compression: dict | None = None, spec: KeySpec = PLAIN) -> Entry:
         """Fix ``name``'s shape and dtype from ``tensor`` (a torch tensor or NumPy array) before its first use."""
         kind = kind_of(tensor)
-        with self.table_lock:
+        with self.table.lock:
             return self._entry(name, kind.shape(tensor), kind.dtype(tensor), compression, spec)
 
     def _entry(self, name: str, shape: tuple, dtype: DType, compression: dict | None,
@@ -440,9 +439,10 @@ class Engine:
         src, device = kind.host(tensor)
         concat = spec.op == "concat"
         if concat:
-            if dtype is not UINT8 or not 0 <= offset <= offset + src.size <= spec.numel:
+            n = kind.numel(src)
+            if dtype is not UINT8 or not 0 <= offset <= offset + n <= spec.numel:
                 raise ValueError(f"tensor {name!r}: a concat push is uint8 bytes inside the key's {spec.numel} "
-                                 f"bytes, got {dtype.name}[{src.size}] at offset {offset}")
+                                 f"bytes, got {dtype.name}[{n}] at offset {offset}")
             shape = (spec.numel,)
         else:
             shape = kind.shape(src)
@@ -478,7 +478,7 @@ class Engine:
         op = Op(Handle(name, None), entry, inp, out, out_bytes, average, priority,
                 device=device if reader else None, user_out=user_out, sig=sig, reader=reader, offset=offset,
                 kind=kind)
-        op.handle._describe = lambda: self._describe(op)
+        op.handle._describe = lambda: self.status.describe(op)
         op.handle._abandon = lambda why: self._give_up(op, why)
         op.gen = self.kv.gen
         op.handle.output = output if output is not None else out
@@ -489,7 +489,7 @@ class Engine:
         """The caller's thread, as its deadline passes: the tensor refuses new calls at once (the caller's
         next call must not find it busy), the rest is the I/O thread's (:meth:`_abandon`)."""
         e = op.entry
-        with self.table_lock:
+        with self.table.lock:
             if not e.error:
                 e.error = self._unusable(e, op.round, why)
         self.van.call_soon(lambda: self._abandon(op, why))
@@ -517,7 +517,7 @@ class Engine:
     def _abort_next_round(self, name: str, error: str) -> None:
         """This rank cannot take part in the next round of ``name`` (it changed shape, dtype or op): fail
         that round on every rank with ``error``, instead of leaving the others waiting for its push."""
-        e = self.entries.get(name)
+        e = self.table.entries.get(name)
         if e is None or e.state is not READY or e.busy:
             return
         e.state, e.error = FAILED, error
@@ -528,152 +528,6 @@ class Engine:
             for p in e.parts:
                 self.kv.abort(p, e.round, e.code, body)
         self.van.call_soon(send)
-
-    def push_pull_now(self, tensor, output, name: str, average: bool, sig: int = 0, spec: KeySpec = PLAIN):
-        """A blocking push_pull done on the caller's thread (:mod:`pushpull.worker.direct`), or None
-        where it needs the engine (first use, several partitions, compression, tracing, GPU tensors,
-        one already in flight): the caller then submits it as usual."""
-        direct = self.direct
-        e = self.entries.get(name)
-        # cheapest tests first; a tensor's shape is a torch.Size (a tuple): compared without a copy
-        if (e is None or e.state is not READY or direct is None or direct.closed or self.cfg.direct_bytes <= 0
-                or len(e.parts) != 1 or e.compression is not None or e.parts[0].nbytes > self.cfg.direct_bytes
-                or (e.spec is not spec and e.spec != spec) or spec.op == "concat" or spec.readers is not None
-                or self.pipeline.tracer is not None or tensor.shape != e.shape or self.member.failure):
-            return None
-        kind = kind_of(tensor)
-        if (not kind.on_host(tensor) or kind.dtype(tensor) is not e.dtype
-                or (output is not None and not kind.writable(output))):
-            return None
-        with self.table_lock:
-            if e.busy or e.state is not READY:
-                return None
-            e.busy = True
-        try:
-            self.raise_if_changed(name)
-            return self._push_pull_now(kind, e, tensor, output, name, average, sig)
-        except WorkersChanged:
-            self.changed_unseen = False
-            raise
-        except PushPullError:
-            self.stats["errors"] += 1
-            raise
-        finally:
-            e.busy = False
-
-    def _push_pull_now(self, kind, e: Entry, tensor, output, name: str, average: bool, sig: int = 0):
-        """The exchange itself, with ``e`` marked busy; every way of not getting the sum raises."""
-        direct = self.direct
-        src = kind.host(tensor)[0]
-        out = kind.empty(e.shape, e.dtype) if output is None else output
-        p = e.parts[0]
-        e.round += 1
-        gen = self.gen
-        # one header per entry, reused: only the sender, round, generation and signature change per call
-        header = e.direct_header
-        if header is None or header.key != p.key:
-            header = e.direct_header = Header(MsgType.PUSH, key=p.key, dtype=e.code, numel=p.nbytes // e.itemsize,
-                                              nbytes=p.nbytes, flags=Flags.PULL | Flags.NO_ACK)
-        header.sender, header.round, header.gen, header.req_id = self.rank, e.round, gen, sig
-        # the payload: the tensor's own memory (any contiguous NumPy array is a buffer of its bytes)
-        payload = kind.payload(src, e.dtype)
-        try:
-            buf = direct.exchange(p.sock, header, payload, self.cfg.timeout,
-                                  lambda: self.member.failure or (None if self.gen == gen else "the workers changed"))
-        except TimeoutError:
-            why = (f"push_pull of tensor {name!r} did not finish within {self.cfg.timeout:.0f}s "
-                   f"(PUSHPULL_TIMEOUT): {self.missing_ranks(e, [p], e.round)}")
-            self._abandon_direct(e, p, e.round, why)
-            raise PushPullError(why) from None
-        except ConnectionError as ex:
-            if self.gen != gen and not self.member.failure:
-                raise WorkersChanged(f"push_pull of tensor {name!r}: the workers changed (generation {self.gen}, "
-                                     f"{self.size} workers, this one is rank {self.rank} now)") from None
-            raise PushPullError(f"push_pull of tensor {name!r}: {ex}") from None
-        except RuntimeError as ex:  # the server's ERROR: the tensor is unusable, as through the engine
-            with self.table_lock:
-                e.state, e.error = FAILED, str(ex)
-            raise PushPullError(str(ex)) from None
-        except zmq.ZMQError as ex:
-            raise PushPullError(f"push_pull of tensor {name!r}: the engine is shut down ({ex})") from None
-        out_bytes = kind.raw(out)
-        error = self.averager.copy_sum(e, p, buf, out_bytes, average)
-        if error:
-            raise PushPullError(error)
-        self.averager.finish(out_bytes, e.dtype, average)
-        self.stats["direct_calls"] += 1
-        return out
-
-    def _abandon_direct(self, e: Entry, p, rnd: int, why: str) -> None:
-        """The direct path's deadline passed in round ``rnd``: as :meth:`_abandon` for an op."""
-        error = self._unusable(e, rnd, why)
-        with self.table_lock:
-            e.state, e.error = FAILED, error
-        body = encode_json({"error": f"on rank {self.rank}, {why} (so round {rnd} fails on every rank)"})
-        self.van.call_soon(lambda: self.kv.abort(p, rnd, e.code, body))
-
-    def _describe(self, op: Op) -> str:
-        """What a timed-out op waits for, with the ranks the servers have not heard from (asked now)."""
-        e = op.entry
-        if e.state is INITING:
-            return self.missing_ranks(e, [p for p in e.parts if not p.inited], op.round)
-        if e.state is not READY:
-            return f"the tensor is still being set up ({e.state.value}); is every worker calling push_pull on it?"
-        waiting = [p for p in e.parts if self.ops.get(p.key) is op]
-        servers = sorted({p.server for p in waiting})
-        return (f"{len(waiting)} of {len(e.parts)} partition(s) of round {op.round} outstanding on server(s) "
-                f"{servers}; {self.missing_ranks(e, waiting, op.round)}")
-
-    def missing_ranks(self, e: Entry, parts: list, rnd: int, limit: int = 4) -> str:
-        """Ask the servers of (up to ``limit`` of) ``parts`` which ranks they have not heard from for round
-        ``rnd`` (or for the INIT, while it is pending), and say it; 1 s per server at most."""
-        found: dict[str, set] = {}
-        for p in parts[:limit]:
-            try:
-                body = self.direct.exchange(p.sock, Header(MsgType.STATUS, sender=self.rank, key=p.key, round=rnd,
-                                                                    gen=self.gen),
-                                            None, 1.0, lambda: self.member.failure, want=MsgType.STATUS_RESP)
-                d = decode_json(bytes(body))
-            except (TimeoutError, ConnectionError, RuntimeError, zmq.ZMQError, ValueError, AttributeError):
-                continue
-            found.setdefault(d.get("stage", "?"), set()).update(d.get("missing", []))
-        if not found:
-            return "the servers did not say which ranks are missing; a slow or missing worker keeps the round open"
-        return "; ".join(f"rank(s) {sorted(missing)} have not {stage} yet" for stage, missing in found.items())
-
-    # ------------------------------------------------------------ I/O thread --
-
-    def late_pushes(self) -> dict[int, int]:
-        """Backup workers: pushes the servers dropped because their round had completed, per rank, over every
-        partition of every backup key (asked through STATUS, 1 s per partition at most; ``partitions`` counts
-        those that answered)."""
-        total: dict[int, int] = {}
-        for e in list(self.entries.values()):
-            if not any(k == "backup_workers" for k, _ in e.spec.meta):
-                continue
-            for p in e.parts:
-                try:
-                    body = self.direct.exchange(p.sock, Header(MsgType.STATUS, sender=self.rank, key=p.key,
-                                                               round=e.round, gen=self.gen),
-                                                None, 1.0, lambda: self.member.failure, want=MsgType.STATUS_RESP)
-                    dropped = decode_json(bytes(body)).get("dropped") or {}
-                except (TimeoutError, ConnectionError, RuntimeError, zmq.ZMQError, ValueError) as ex:
-                    raise PushPullError(f"tensor {e.name!r}: server {p.server} did not say its late pushes: "
-                                        f"{ex}") from None
-                for rank, count in dropped.items():
-                    total[int(rank)] = total.get(int(rank), 0) + int(count)
-        return total
-
-    def rounds_behind(self) -> int:
-        """Backup workers: how many rounds of every backup key have completed on the servers beyond this
-        worker's own (as of their last answers): rounds it can catch up on by pulling their sums."""
-        behind = None
-        for e in list(self.entries.values()):
-            if e.busy or not e.parts or not any(k == "backup_workers" for k, _ in e.spec.meta):
-                continue
-            ahead = min(p.completed for p in e.parts) - e.round
-            behind = ahead if behind is None else min(behind, ahead)
-        return max(0, behind or 0)
 
     def _scheduler_message(self, msg) -> None:
         self.kv.on_scheduler_message(msg)  # the client is made after the membership it reports through
@@ -689,7 +543,7 @@ class Engine:
                                 f"{self.ident.local_size}): a machine's processes reduce each tensor together; set "
                                 f"PUSHPULL_LOCAL_REDUCE=0 to use join()")
         self._join_done.clear()
-        while self.ops or self.queue:  # its own reductions first: a push after JOIN would come too late
+        while self.kv.inflight or self.kv.queue:  # its own reductions first: a push after JOIN would come too late
             if self.member.failure:
                 raise PushPullError(f"join(): {self.member.failure}")
             time.sleep(0.005)

@@ -94,7 +94,7 @@ class SparseClient:
                     raise PushPullError(f"sparse table {self.name!r}: {failure}")
                 if time.monotonic() > deadline:
                     ask = SimpleNamespace(sock=f"s{server}", key=self.key)
-                    missing = self.engine.missing_ranks(None, [ask], rnd or 0)
+                    missing = self.engine.status.missing_ranks(None, [ask], rnd or 0)
                     raise PushPullError(
                         f"sparse table {self.name!r}: server {server} did not answer {what} within "
                         f"{self.engine.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT): {missing} (a round completes when "

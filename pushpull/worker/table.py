@@ -122,7 +122,7 @@ class Entry:
     itemsize: int = 1
     code: int = 0           # wire dtype code
     spec: KeySpec = PLAIN
-    direct_header: object = None  # the direct path's PUSH header, reused call after call (engine.push_pull_now)
+    direct_header: object = None  # the direct path's PUSH header, reused call after call (DirectCalls.push_pull_now)
 
 
 class Op:

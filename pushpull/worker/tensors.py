@@ -48,6 +48,10 @@ class NumpyKind:
         return tuple(x.shape)
 
     @staticmethod
+    def numel(x) -> int:
+        return x.size
+
+    @staticmethod
     def on_host(x) -> bool:
         return True
 
@@ -121,6 +125,10 @@ class TorchKind:
     @staticmethod
     def shape(x) -> tuple:
         return tuple(x.shape)
+
+    @staticmethod
+    def numel(x) -> int:
+        return x.numel()
 
     @staticmethod
     def on_host(x) -> bool:

@@ -413,7 +413,7 @@ def case_ddp_hook() -> None:
             opt.step()
         expect_close("torch DDP with ddp_comm_hook", model, ref)
         if distributed():
-            used = [k for k in bps.engine().entries if k.startswith("Gradient.hook.bucket")]
+            used = [k for k in bps.engine().table.entries if k.startswith("Gradient.hook.bucket")]
             if len(used) < 2:
                 fail(f"expected several DDP buckets through the parameter servers, saw {used}")
     finally:

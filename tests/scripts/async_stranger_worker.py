@@ -34,7 +34,7 @@ bps.barrier()
 if r == 0:
     eng = bps.engine()
     cfg = bps.config()
-    part = eng.entries["async.weight"].parts[0]
+    part = eng.table.entries["async.weight"].parts[0]
     srv = eng.member.book["servers"][part.server]
     host, port = srv["host"], int(srv["port"])
     ctx = zmq.Context()

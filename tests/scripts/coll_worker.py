@@ -473,7 +473,7 @@ def _():
     opt.step()
     eng = hvd.engine()
     if eng is not None:
-        names = set(eng.entries)
+        names = set(eng.table.entries)
         for k in ("Gradient.0.bias", "broadcast.0.bias", "allreduce.0.bias"):
             if k not in names:
                 raise CaseFailed(f"{k!r} not among the keys: {sorted(names)[:20]}")
@@ -487,7 +487,7 @@ def _():
     b = hvd.allreduce(torch.ones(2) * r, op=hvd.Sum, name="shared")
     check("same key", a, b)
     hvd.declare("shared")
-    if hvd.engine() is not None and "allreduce.shared" not in hvd.engine().entries:
+    if hvd.engine() is not None and "allreduce.shared" not in hvd.engine().table.entries:
         raise CaseFailed("push_pull(name='shared') is not allreduce.shared on the servers")
 
 
@@ -499,7 +499,7 @@ def _():
     eng = hvd.engine()
 
     def data_keys():  # an unnamed key's first use also declares a small agreement key (noname.agree.<i>)
-        return len([k for k in eng.entries if not k.startswith("noname.agree.")]) if eng else 0
+        return len([k for k in eng.table.entries if not k.startswith("noname.agree.")]) if eng else 0
     before = data_keys()
     for i in range(20):
         check("metric average", hvd.allreduce(torch.tensor([float(r + i)])), torch.tensor([(n - 1) / 2 + i]))
@@ -509,7 +509,7 @@ def _():
     for k, h in enumerate(hs):
         check(f"concurrent unnamed {k}", hvd.synchronize(h), torch.full((2,), float(10 * n * (n - 1) // 2 + n * k)))
     if eng is not None:
-        names = sorted(k for k in eng.entries if k.startswith("allreduce.noname.float32[2]"))
+        names = sorted(k for k in eng.table.entries if k.startswith("allreduce.noname.float32[2]"))
         if names != [f"allreduce.noname.float32[2].{k}" for k in range(3)]:
             raise CaseFailed(f"concurrent unnamed calls: {names}")
 

@@ -27,8 +27,8 @@ for spec in [{"compressor": "onebit", "scaling": True}, {"compressor": "fp16"},
              {"compressor": "randomk", "k": 0.05, "seed": 1}]:
     name = f"c.{spec['compressor']}"
     got = bps.push_pull(x, average=False, name=name, compression=spec)
-    key = bps.engine().entries["allreduce." + name].parts[0].key
-    assert len(bps.engine().entries["allreduce." + name].parts) == 1
+    key = bps.engine().table.entries["allreduce." + name].parts[0].key
+    assert len(bps.engine().table.entries["allreduce." + name].parts) == 1
     # what the server must have computed: sum of decoded pushes, compressed again
     total = sum(decode_payload(build(spec, seed_offset=key).compress(xi)) for xi in xs)
     want = decode_payload(build_server(spec, seed_offset=key).compress(total))
@@ -55,7 +55,7 @@ if n == 1:
 # small tensors are not compressed (BYTEPS_MIN_COMPRESS_BYTES)
 small = torch.randn(10)
 got = bps.push_pull(small, average=False, name="c.small", compression={"compressor": "onebit"})
-if bps.engine().entries["allreduce.c.small"].compression is not None:
+if bps.engine().table.entries["allreduce.c.small"].compression is not None:
     fail("a 40-byte tensor was compressed despite min_compress_bytes")
 if n == 1 and not torch.equal(got, small):
     fail("an uncompressed small tensor must come back exactly")
@@ -65,7 +65,7 @@ spec = {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov", "mu": 0
 g = torch.full((10,), float(bps.rank() + 1))
 for step in (1, 2):
     got = bps.push_pull(g, average=False, name="c.small.momentum", compression=spec)
-    if bps.engine().entries["allreduce.c.small.momentum"].compression["compressor"] != "none":
+    if bps.engine().table.entries["allreduce.c.small.momentum"].compression["compressor"] != "none":
         fail("a small tensor with worker momentum must travel uncompressed")
     m_sum = sum(float(r + 1) for r in range(n)) * (1.0 if step == 1 else 1.5)  # m1 = g, m2 = 0.5 g + g
     want = sum(float(r + 1) for r in range(n)) + 0.5 * m_sum

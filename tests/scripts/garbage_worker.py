@@ -59,7 +59,7 @@ if sorted((m.header.type, m.header.key) for m in answers) != [(MsgType.ERROR, 42
 print("batched errors:", [json.loads(bytes(m.body()))["error"] for m in answers])
 # a valid tensor, then a push with the wrong length for it
 x = bps.push_pull(torch.ones(8), name="t", average=False)
-key = next(p.key for p in bps.engine().entries["allreduce.t"].parts)
+key = next(p.key for p in bps.engine().table.entries["allreduce.t"].parts)
 expect_error([Header(MsgType.PUSH, sender=0, key=key, round=2, numel=8, dtype=dtype_code("float32")).pack(), b"123"],
              "push with the wrong length")
 expect_error([Header(MsgType.PULL, sender=0, key=key, round=9).pack()], "pull of a round never pushed")

@@ -100,7 +100,7 @@ def case_collectives() -> None:
         got = bps.allreduce(mx.nd.array(big), name="fp16", compression=bps.Compression.fp16).asnumpy()
         close("allreduce with Compression.fp16", got, big / (r + 1) * (ranks + 1).mean(), rtol=2e-3, atol=2e-3)
         if CONTEXT.engine is not None:
-            expect(bool(CONTEXT.engine.entries["allreduce.mx.fp16"].compression),
+            expect(bool(CONTEXT.engine.table.entries["allreduce.mx.fp16"].compression),
                    "Compression.fp16 did not reach the engine")
     elif bps.distributed():  # the compressors are written in torch: a clear error, not a crash
         try:

@@ -85,7 +85,7 @@ def case_partitions() -> None:
     got = bps.push_pull(x, average=False, name="big")
     want = sum(value(k, (250_003,), torch.float64) for k in range(n)).float()
     expect_equal("big", got, want, rtol=1e-6)
-    parts = len(bps.engine().entries["allreduce.big"].parts)
+    parts = len(bps.engine().table.entries["allreduce.big"].parts)
     if parts < 10:
         fail(f"expected many partitions, got {parts}")
     print(f"partitions={parts}", flush=True)
@@ -319,7 +319,7 @@ def case_shm() -> None:
         want = sum(value(k, (2_500_000,), torch.float64, salt=rnd) for k in range(n)).float()
         expect_equal(f"big round {rnd}", bps.push_pull(big, average=False, name="shm.big"), want, rtol=1e-6)
         if rnd == 1:
-            named = [p.shm.path for e in bps.engine().entries.values() for p in e.parts
+            named = [p.shm.path for e in bps.engine().table.entries.values() for p in e.parts
                      if p.shm is not None and os.path.exists(p.shm.path)]
             print(f"SHM-NAMED-AFTER-ROUND-2 rank {r}: {len(named)}", flush=True)
     print(f"SHM-PUSHES rank {r}: {bps.engine().stats['shm_pushes']}", flush=True)

@@ -90,7 +90,7 @@ assert torch.equal(y, torch.full((8,), float(sum(range(1, n + 1))))), y
 if r == 0:
     cfg = bps.config()
     srv = eng.member.book["servers"][0]
-    key = eng.entries["allreduce.t"].parts[0].key
+    key = eng.table.entries["allreduce.t"].parts[0].key
     ctx = zmq.Context()
     for creds in ("none", "another job's secret"):
         for host, port, parts, what in [

@@ -97,7 +97,7 @@ def case_collectives() -> None:
         close("allreduce with Compression.fp16", got, big / (r + 1) * (ranks + 1).mean(), rtol=2e-3, atol=2e-3)
         eng = CONTEXT.engine
         if eng is not None:
-            expect(bool(eng.entries["allreduce.fp16"].compression), "Compression.fp16 did not reach the engine")
+            expect(bool(eng.table.entries["allreduce.fp16"].compression), "Compression.fp16 did not reach the engine")
     elif bps.distributed():  # the compressors are written in torch: a clear error, not a crash
         expect_raises(ValueError, "needs torch", lambda: bps.allreduce(tf.constant(big), name="fp16",
                                                                        compression=bps.Compression.fp16),

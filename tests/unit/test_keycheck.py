@@ -51,9 +51,10 @@ def test_engine_warns_once_from_its_gradients(caplog):
     # keys set to 16 MB by hand for 64 MB of gradients over 4 servers: one key per server
     cfg = Config.defaults().replace(partition_bytes=16_000_000)
     cfg.sources["partition_bytes"] = "BYTEPS_PARTITION_BYTES"
-    eng = NS(cfg=cfg, num_servers=4, rank=0, table_lock=threading.Lock(),
-             entries={f"Gradient.w{i}": NS(parts=[NS(nbytes=16_000_000)]) for i in range(4)}
-             | {"Parameter.w": NS(parts=[NS(nbytes=1 << 30)])})
+    eng = NS(cfg=cfg, num_servers=4, rank=0,
+             table=NS(lock=threading.Lock(),
+                      entries={f"Gradient.w{i}": NS(parts=[NS(nbytes=16_000_000)]) for i in range(4)}
+                      | {"Parameter.w": NS(parts=[NS(nbytes=1 << 30)])}))
     with caplog.at_level("WARNING"):
         first = Engine.check_keys(eng)
         assert Engine.check_keys(eng) is None
