@@ -17,6 +17,7 @@ import numpy as np
 
 from pushpull.worker import broadcast as _bc
 from pushpull.worker.compression import Compression  # noqa: F401
+from pushpull.worker.tensors import scaled
 from pushpull.worker.context import (  # noqa: F401 - Horovod's names
     CONTEXT as _ctx, barrier, distributed, init, is_initialized, local_rank, local_size, rank, shutdown, size,
 )
@@ -42,7 +43,7 @@ def start(nd, name: str, average: bool, priority: int = 0, compression=None, pre
     _check(nd, name)
     arr = _host(nd)
     if prescale != 1.0:
-        np.multiply(arr, prescale, out=arr, casting="unsafe")
+        arr = scaled(arr, prescale)
     return _ctx.push_pull_async(arr, arr, average, name, priority, compression)
 
 
@@ -50,7 +51,7 @@ def finish(handle: int, outs, postscale: float = 1.0) -> None:
     """Wait for ``handle`` and write the result into each NDArray of ``outs``."""
     res = np.asarray(_ctx.synchronize(handle))
     if postscale != 1.0:
-        res = (res * postscale).astype(res.dtype, copy=False)
+        res = scaled(res, postscale)
     for o in outs:
         o[:] = mx.nd.array(res, ctx=o.context, dtype=o.dtype)
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from pushpull.worker import broadcast as _bc
 from pushpull.worker.compression import Compression, normalize
+from pushpull.worker.tensors import scaled
 from pushpull.worker.context import (  # noqa: F401 - Horovod's names
     CONTEXT as _ctx, barrier, distributed, init, is_initialized, local_rank, local_size, rank, shutdown, size,
 )
@@ -85,7 +86,7 @@ def _check_graph_ok(what: str) -> None:
 def _start_np(arr: np.ndarray, name: str, average: bool, priority: int, compression, prescale: float) -> int:
     arr = np.asarray(arr)
     if prescale != 1.0:
-        arr = (arr * prescale).astype(arr.dtype, copy=False)  # a new array: the caller's is never written
+        arr = scaled(arr, prescale)  # a new array: the caller's is never written
     return _ctx.push_pull_async(arr, None, average, name, priority, compression)
 
 
@@ -94,7 +95,7 @@ def _finish_np(handle: int, like: np.dtype, postscale: float) -> np.ndarray:
     if out.dtype != like:  # bfloat16 without ml_dtypes' type comes back as its bits
         out = out.view(like)
     if postscale != 1.0:
-        out = (out * postscale).astype(like, copy=False)
+        out = scaled(out, postscale)
     return out
 
 
@@ -135,7 +136,7 @@ def reduce_many(tensors: list, names: list[str], priorities: list[int] | None = 
         for i in live:
             out[i] = tensors[i] if scale == 1.0 else tensors[i] * tf.cast(scale, tensors[i].dtype)
         return out
-    spec = normalize(compression)
+    spec = normalize(compression, f"the reduction of {names[live[0]]!r}..." if compression is not None else "")
     order = sorted(live, key=lambda i: (priorities[i], -i))  # least urgent first: the backward order
     if tf.executing_eagerly():
         handles = {i: _start_np(tensors[i].numpy(), names[i], average, priorities[i], spec, prescale_factor)

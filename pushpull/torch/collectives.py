@@ -16,6 +16,7 @@ import torch
 
 from pushpull.torch import ops
 from pushpull.torch.functions import _check_global
+from pushpull.worker.compression import normalize
 from pushpull.transport.protocol import round_sig
 from pushpull.worker.engine import PLAIN, KeySpec
 
@@ -105,6 +106,8 @@ def _allreduce_start(tensor, output, average, name, op, prescale_factor, postsca
     op = _op(average, op)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
+    if compression is not None:
+        compression = normalize(compression, f"allreduce of {name!r}" if name else "an unnamed allreduce")
     if op != Average and op != Sum and compression is not None and getattr(compression, "spec", None):
         raise ValueError(f"op={op!r} with compression {compression!r}: compressed tensors can only be summed")
     key = key or ops.key_name(ops.KIND, name, ops.like(tensor, _SERVER_OP[int(op)]) if name is None else "")

@@ -17,8 +17,8 @@ import torch
 
 from pushpull.worker import trace as _trace
 from pushpull.worker.context import (  # noqa: F401 - the API's names
-    CONTEXT, GRADIENT, KIND, NotInitializedError, Pending, barrier, compression_spec as _compression_spec, config,
-    custom_compressor as _custom, init, is_initialized, local_rank, local_size, rank, shutdown, size,
+    CONTEXT, GRADIENT, KIND, NotInitializedError, Pending, barrier, config, init, is_initialized, local_rank,
+    local_size, rank, shutdown, size,
 )
 from pushpull.worker.engine import PLAIN, Engine, KeySpec
 from pushpull.worker.handle import PushPullError  # noqa: F401

@@ -68,7 +68,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         opts = dict(strategy_options or {})
         self._strategy = strategy if not isinstance(strategy, str) and strategy is not None else make_strategy(
-            strategy or ops.config().strategy, compression=normalize(self._compression), **opts)
+            strategy or ops.config().strategy, compression=normalize(self._compression, "DistributedOptimizer"), **opts)
         self._hooks = []
         # backup workers (PUSHPULL_BACKUP_WORKERS): a step may be followed by catch-up steps (catch_up())
         self._backup = ops.config().backup_workers > 0 and ops.engine() is not None

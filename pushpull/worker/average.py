@@ -79,9 +79,12 @@ def _divide(raw: np.ndarray, dtype: dtypes.DType, count: int) -> None:
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         bits[nan] = (wide.view(np.uint32)[nan] >> 16) | 0x40  # a NaN stays a (quiet) NaN
         typed[...] = bits.astype(np.uint16)
+    elif dtype.name == "float16":  # in float32, rounded once: a count over 2048 is not a float16
+        typed[...] = (typed.astype(np.float32) / np.float32(count)).astype(np.float16)
     elif dtype.floating:
         np.divide(typed, typed.dtype.type(count), out=typed)
-    else:
-        q, r = np.divmod(typed, typed.dtype.type(count))
-        q[(r != 0) & (typed < 0)] += 1  # floor to trunc: a negative quotient with a remainder rounds up
-        typed[...] = q
+    else:  # in int64: a count of 128 workers or more is not an int8
+        wide = typed.astype(np.int64)
+        q, r = np.divmod(wide, np.int64(count))
+        q[(r != 0) & (wide < 0)] += 1  # floor to trunc: a negative quotient with a remainder rounds up
+        typed[...] = q.astype(typed.dtype)

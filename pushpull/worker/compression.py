@@ -76,10 +76,11 @@ class Compression:
         spec = {"compressor": compressor, **kwargs}
         try:  # validate now, where the user can see the culprit
             from pushpull.compression import build
-
+        except ModuleNotFoundError as ex:
+            if ex.name != "torch":
+                raise
+        else:  # without torch the engine refuses it at first use, saying so
             build(spec)
-        except ImportError:
-            pass
         return Compressor(spec, compressor)
 
 
@@ -106,10 +107,10 @@ def _normalize(compression) -> Compressor | None:
     if isinstance(compression, str):
         return Compression.build(compression)
     if isinstance(compression, dict):
-        if "compressor" not in compression:
-            raise ValueError(f"compression spec {compression!r} names no compressor (e.g. {{'compressor': 'onebit'}})")
-        spec = dict(compression)
-        return Compression.build(spec.pop("compressor"), **spec)
+        if not compression:
+            return None
+        spec = dict(compression)  # no compressor named: "none" (a momentum or error feedback alone)
+        return Compression.build(spec.pop("compressor", "none"), **spec)
     if getattr(compression, "wire", False):
         return compression if compression.spec else None
     if callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None)):

@@ -98,19 +98,20 @@ def _key_bytes(key: str) -> bytes:
     return raw[:_AGREE_BYTES - 9] + b"~" + f"{zlib.crc32(raw):08x}".encode()
 
 
-def compression_spec(compression) -> dict | None:
-    """The wire spec a (normalized, :func:`pushpull.worker.compression.normalize`) compression carries."""
+def split_compression(compression) -> tuple[dict | None, object]:
+    """(the wire spec, a Horovod-style compressor): at most one of them, from the compression in any form.
+    Cheap for the forms the layers above hand down every step (None, a spec dict, a wire compressor); a
+    name or a Horovod-style one goes through :func:`pushpull.worker.compression.normalize`, which checks it."""
     if compression is None:
-        return None
-    spec = getattr(compression, "spec", compression)
-    return spec or None
-
-
-def custom_compressor(compression):
-    """A Horovod-style compressor (``compress``/``decompress``, no wire spec), applied on this worker."""
-    if compression is None or isinstance(compression, dict) or getattr(compression, "wire", False):
-        return None
-    return normalize(compression)
+        return None, None
+    if isinstance(compression, dict):
+        return compression or None, None
+    if getattr(compression, "wire", False):
+        return compression.spec or None, None
+    c = normalize(compression)
+    if c is None or getattr(c, "wire", False):
+        return (c.spec if c is not None else None), None
+    return None, c
 
 
 class JobContext:
@@ -385,9 +386,12 @@ class JobContext:
         """Start one collective on the server-side name ``key`` (no name space added); returns a handle.
         The building block of every public call (see :class:`pushpull.worker.engine.KeySpec`)."""
         self.need_init()
-        kind_of(tensor, f"{spec.kind} of {key!r}")
+        try:
+            kind_of(tensor)
+        except TypeError as ex:  # the name formatted only here: this runs per tensor per step
+            raise TypeError(f"{spec.kind} of {key!r}: {ex}") from None
         key = key + self.name_suffix
-        custom = custom_compressor(compression)
+        spec_of, custom = split_compression(compression)
         if custom is not None:  # Horovod's way: reduce the compressed tensor, then decompress the result
             compressed, ctx = custom.compress(kind_of(tensor).detached(tensor))
             inner = self.submit_key(compressed, None, average, key, priority, None, spec, sig, offset)
@@ -401,8 +405,8 @@ class JobContext:
             return self.register_pending(key, [inner], finish)
         if self.engine is None:
             return self.register(self._submit_local(tensor, output, key, spec, offset))
-        return self.register(self.engine.submit(tensor, output, key, average, priority,
-                                                compression_spec(compression), spec, sig, offset))
+        return self.register(self.engine.submit(tensor, output, key, average, priority, spec_of, spec, sig,
+                                                offset))
 
     def _submit_local(self, tensor, output, key: str, spec: KeySpec, offset: int) -> Handle:
         """Single-process mode: the result of any collective over one worker, made here."""
@@ -472,13 +476,15 @@ class JobContext:
     def push_pull_async(self, tensor, output, average: bool, name: str | None, priority: int = 0,
                         compression=None) -> int:
         """Start a user reduction of ``tensor`` (into ``output``, or a new tensor); returns a handle."""
-        compression = normalize(compression, f"push_pull of {name!r}" if name else "an unnamed push_pull")
+        if compression is not None:
+            compression = normalize(compression, f"push_pull of {name!r}" if name else "an unnamed push_pull")
         return self.submit_key(tensor, output, average, self.user_key(name, tensor), priority, compression,
                                sig=round_sig(average=average))
 
     def push_pull(self, tensor, output, average: bool, name: str | None, compression=None):
         """A blocking user reduction of ``tensor`` (into ``output``, or a new tensor)."""
-        compression = normalize(compression, f"push_pull of {name!r}" if name else "an unnamed push_pull")
+        if compression is not None:
+            compression = normalize(compression, f"push_pull of {name!r}" if name else "an unnamed push_pull")
         return self.reduce_now(tensor, output, average, self.user_key(name, tensor), compression,
                                sig=round_sig(average=average))
 

@@ -58,7 +58,7 @@ class DirectCalls:
         eng = self.eng
         direct = eng.direct
         src = kind.host(tensor)[0]
-        out = kind.empty(e.shape, e.dtype) if output is None else output
+        out = kind.empty_like(src) if output is None else output
         p = e.parts[0]
         e.round += 1
         gen = eng.gen

@@ -428,8 +428,8 @@ class Engine:
                     priority: int = 0, compression: dict | None = None, spec: KeySpec = PLAIN, sig: int = 0,
                     offset: int = 0) -> Handle:
         """:meth:`submit` without the local reduce: this process pushes ``tensor`` itself."""
-        kind = kind_of(tensor, f"push_pull of tensor {name!r}")
         try:
+            kind = kind_of(tensor)
             dtype = kind.dtype(tensor)
         except TypeError as ex:
             raise TypeError(f"push_pull of tensor {name!r}: {ex}") from None
@@ -451,7 +451,7 @@ class Engine:
         if not reader:
             out = None
         elif output is None:
-            out = kind.empty(shape, dtype)
+            out = kind.empty(shape, dtype) if concat else kind.empty_like(src)
         elif kind.writable(output):
             out = output
         else:

@@ -187,7 +187,9 @@ class TensorTable:
         if compression:
             try:
                 from pushpull.compression import for_tensor  # min-size and momentum policy: compression/
-            except ImportError as ex:  # the compressors are written in torch
+            except ModuleNotFoundError as ex:  # the compressors are written in torch
+                if ex.name != "torch":
+                    raise
                 raise ValueError(f"tensor {name!r}: compression {compression!r} needs torch, which is not "
                                  f"installed ({ex}); pip install pushpull[torch], or pass no compression") from None
 

@@ -41,6 +41,9 @@ class NumpyKind:
         d = dtypes.BY_NAME.get(x.dtype.name)
         if d is None or d.header is None:
             raise TypeError(f"dtype {x.dtype.name} is not supported; use one of {', '.join(dtypes.TENSOR_NAMES)}")
+        if not x.dtype.isnative:  # its bytes would be summed as if little-endian
+            raise TypeError(f"dtype {x.dtype.str} is not in this machine's byte order; convert it first "
+                            f"(array.astype(array.dtype.newbyteorder('=')))")
         return d
 
     @staticmethod
@@ -77,6 +80,11 @@ class NumpyKind:
         return np.zeros(shape, dtype=_np_dtype(d))
 
     @staticmethod
+    def empty_like(x):
+        """An output like the contiguous host tensor ``x`` (cheaper than :meth:`empty` per call)."""
+        return np.empty_like(x)
+
+    @staticmethod
     def detached(x):
         return x
 
@@ -95,7 +103,7 @@ class NumpyKind:
 
     @staticmethod
     def copy(dst, src) -> None:
-        np.copyto(dst, src.reshape(dst.shape), casting="no")
+        np.copyto(dst, src.reshape(dst.shape), casting="unsafe")  # as torch's copy_: into dst's dtype
 
     @staticmethod
     def to_device(x, device):
@@ -112,6 +120,8 @@ class TorchKind:
 
         self.torch = torch
         self.table = dtypes.torch_table()
+        self.of_name = {d.name: t for t, d in self.table.items()}  # per call: no lookup through dtypes.get
+        self.bfloat16 = torch.bfloat16
 
     def accepts(self, x) -> bool:
         return isinstance(x, self.torch.Tensor)
@@ -145,7 +155,7 @@ class TorchKind:
     def raw(self, x) -> np.ndarray:
         """A writable uint8 view of a contiguous CPU tensor's memory (through NumPy when it has the dtype:
         half the cost of torch's reshape and view, paid per tensor per step)."""
-        if x.dtype is not self.torch.bfloat16:
+        if x.dtype is not self.bfloat16:
             return x.numpy().reshape(-1).view(np.uint8)
         return x.reshape(-1).view(self.torch.uint8).numpy()
 
@@ -153,10 +163,13 @@ class TorchKind:
         return x.numpy() if d.np_native is not None else self.raw(x)
 
     def empty(self, shape: tuple, d: DType):
-        return self.torch.empty(shape, dtype=d.torch)
+        return self.torch.empty(shape, dtype=self.of_name[d.name])
 
     def zeros(self, shape: tuple, d: DType):
-        return self.torch.zeros(shape, dtype=d.torch)
+        return self.torch.zeros(shape, dtype=self.of_name[d.name])
+
+    def empty_like(self, x):
+        return self.torch.empty_like(x, memory_format=self.torch.contiguous_format)
 
     @staticmethod
     def detached(x):
@@ -184,20 +197,42 @@ class TorchKind:
 
 
 NUMPY = NumpyKind()
+_BY_TYPE: dict[type, object] = {np.ndarray: NUMPY}  # a tensor's type -> its kind, learnt on first sight
+
+
 _torch_kind: TorchKind | None = None
 
 
-def kind_of(x, what: str = "tensor"):
-    """The kind of ``x``; a TypeError names what was passed where neither kind fits."""
-    if isinstance(x, np.ndarray):
-        return NUMPY
+def _torch() -> TorchKind:
     global _torch_kind
-    if "torch" in sys.modules:  # a torch tensor can exist only once torch is imported
-        if _torch_kind is None:
-            _torch_kind = TorchKind()
-        if _torch_kind.accepts(x):
-            return _torch_kind
-    raise TypeError(f"{what} must be a torch.Tensor or a NumPy array, got {type(x).__name__}")
+    if _torch_kind is None:
+        _torch_kind = TorchKind()
+    return _torch_kind
+
+
+def kind_of(x, what: str = "tensor"):
+    """The kind of ``x`` (one dict lookup per call once its type was seen: this runs per tensor per step);
+    a TypeError names what was passed where neither kind fits."""
+    kind = _BY_TYPE.get(type(x))
+    if kind is not None:
+        return kind
+    if isinstance(x, np.ndarray):
+        kind = NUMPY
+    elif "torch" in sys.modules and _torch().accepts(x):  # a torch tensor exists only once torch is imported
+        kind = _torch()
+    if kind is None:
+        raise TypeError(f"{what} must be a torch.Tensor or a NumPy array, got {type(x).__name__}")
+    _BY_TYPE[type(x)] = kind
+    return kind
+
+
+def scaled(arr: np.ndarray, factor: float) -> np.ndarray:
+    """``arr * factor`` in ``arr``'s dtype, a new array, rounded as torch rounds it: half precisions through
+    float32 (NumPy would round the factor to float16 first), integers truncated back (a prescale of the
+    bindings that pass NumPy arrays, the same bits as pushpull.torch's)."""
+    if arr.dtype.kind == "f" and arr.dtype.itemsize < 4 or arr.dtype.name == "bfloat16":
+        return (arr.astype(np.float32) * np.float32(factor)).astype(arr.dtype)
+    return (arr * factor).astype(arr.dtype, copy=False)
 
 
 def describe(x) -> str:

@@ -68,3 +68,34 @@ def test_numpy_kind_raw_bytes_are_a_writable_view():
     a = np.arange(4, dtype=np.float32)
     NUMPY.raw(a)[:4] = 0
     assert a[0] == 0.0 and a[1] == 1.0
+
+
+@pytest.mark.parametrize("name,count", [("int8", 200), ("uint8", 300), ("int16", 40000), ("float16", 3000)])
+def test_division_by_more_workers_than_the_dtype_holds_is_exact(name, count):
+    """torch wraps such a divisor into the dtype (int8: 200 becomes -56); the result here is the sum divided
+    by the count, toward zero (floats: rounded once from float32)."""
+    d = dtypes.BY_NAME[name]
+    t = _sample(d)[4:]  # no NaN or infinities: compared value for value
+    if d.floating:
+        want = (t.float() / count).to(t.dtype)
+    else:
+        wide = t.to(torch.int64)
+        want = (wide.abs() // count * wide.sign()).to(t.dtype)
+    got = t.clone()
+    _divide(got.reshape(-1).view(torch.uint8).numpy(), d, count)
+    assert torch.equal(got, want)
+
+
+def test_numpy_kind_refuses_a_foreign_byte_order():
+    with pytest.raises(TypeError, match="byte order"):
+        NUMPY.dtype(np.arange(3, dtype=">f4"))
+
+
+@pytest.mark.parametrize("name", ["float16", "float32", "int32"])
+def test_scaled_rounds_as_torch_does(name):
+    from pushpull.worker.tensors import scaled
+
+    t = (torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 50).to(getattr(torch, name))
+    want = (t * 0.1).to(t.dtype) if name != "int32" else (t * 0.1).to(torch.int32)
+    got = scaled(t.numpy(), 0.1)
+    assert got.dtype == t.numpy().dtype and np.array_equal(got, want.numpy())

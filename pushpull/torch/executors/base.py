@@ -46,7 +46,8 @@ class Strategy:
     final for this step; ``wait_all`` blocks until every gradient submitted
     since the last call is averaged over all workers, written back into the
     same tensor. ``priority``: larger is more urgent (the layer nearest the
-    input has the largest). ``compression`` is a compression spec or None.
+    input has the largest). ``compression``: what :func:`pushpull.worker.compression.normalize` returns
+    (None, a wire compressor or a Horovod-style one), or a spec dict.
 
     Layer-wise updates also use ``wait(name)`` (block for one gradient) and
     ``done(name)`` (has it arrived?); they need ``on_backward_done`` to have
