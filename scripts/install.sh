@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
   "$PY" -m pip install --quiet "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet -e ".[torch,bench,test,metrics,huggingface,lightning]"
+"$PY" -m pip install --quiet -e ".[torch,bench,test,metrics,huggingface,lightning,ray]"
 # TensorFlow 2 / Keras 3 bindings (tensorflow-cpu: no CUDA packages); their tests run in CI
 "$PY" -m pip install --quiet -e ".[tensorflow]"
 # MXNet binding: mxnet 1.9.1 needs NumPy < 1.24, so it gets an environment of its own (.venv-mxnet).
