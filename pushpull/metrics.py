@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 
 SERVER_PORT_OFFSET = 500  # server k listens on PUSHPULL_METRICS_PORT + 500 + k; worker r on + r
 
-# (name, kind, help, value): what a role's collect function returns; kind is "gauge" or "counter"
-Sample = tuple[str, str, str, float]
+# (name, kind, help, value[, labels]): what a role's collect function returns; kind is "gauge" or "counter";
+# labels (optional, e.g. {"rank": "2"}): several samples of one name differ by them
+Sample = tuple
 
 
 class _Steps:
@@ -75,13 +76,16 @@ def start(role: str, port: int, host: str, collect: Callable[[], list[Sample]], 
 
     class Collector:
         def collect(self):
-            for name, kind, text, value in collect():
-                if kind == "counter":
-                    fam = CounterMetricFamily(name.removesuffix("_total"), text, labels=names)
-                else:
-                    fam = GaugeMetricFamily(name, text, labels=names)
-                fam.add_metric([str(labels[k]) for k in names], float(value))
-                yield fam
+            families: dict = {}
+            for name, kind, text, value, *more in collect():
+                own = more[0] if more else {}
+                fam = families.get(name)
+                if fam is None:
+                    cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                    fam = families[name] = cls(name.removesuffix("_total") if kind == "counter" else name, text,
+                                               labels=names + sorted(own))
+                fam.add_metric([str(labels[k]) for k in names] + [str(own[k]) for k in sorted(own)], float(value))
+            yield from families.values()
 
     registry = CollectorRegistry()
     registry.register(Collector())
@@ -106,8 +110,8 @@ def stop(handle) -> None:
 
 class TensorBoard:
     """PUSHPULL_TENSORBOARD_DIR: a worker's scalars per optimizer step (torch.utils.tensorboard's writer, which
-    needs the tensorboard package): step time, MB/s pushed and pulled over the step, the job's size and
-    generation. Written on the training thread at the end of each step; flushed every 10 s by the writer."""
+    needs the tensorboard package): step time, MB/s pushed and pulled over the step, communication, waiting
+    and overlap time, the compression ratio, the job's size and generation. Written on the training thread at the end of each step; flushed every 10 s by the writer."""
 
     def __init__(self, logdir: str, stats: Callable[[], dict]):
         from torch.utils.tensorboard import SummaryWriter
@@ -125,6 +129,14 @@ class TensorBoard:
             w.add_scalar("pushpull/pull_MBps", (now["bytes_pulled"] - self.before["bytes_pulled"]) / seconds / 1e6, step)
             w.add_scalar("pushpull/workers", now["workers"], step)
             w.add_scalar("pushpull/generation", now["generation"], step)
+            comm, wait = (sum(now[k] - self.before[k] for k in ks) for ks in (("comm_s", "direct_s"), ("wait_s", "direct_s")))
+            w.add_scalar("pushpull/comm_seconds", comm, step)  # this step's time with a reduction in flight,
+            w.add_scalar("pushpull/wait_seconds", wait, step)  # the part the training thread waited for,
+            w.add_scalar("pushpull/overlap_seconds", max(0.0, comm - wait), step)  # the part computation hid
+            pushed = now["bytes_pushed"] - self.before["bytes_pushed"]
+            if pushed:
+                w.add_scalar("pushpull/compression_ratio", (now["bytes_pushed_raw"] - self.before["bytes_pushed_raw"])
+                             / pushed, step)
         self.before = now
 
     def close(self) -> None:

@@ -71,7 +71,7 @@ class Slot:
     wire: object = None  # ``out`` as one frame shared by every pull answer (made on the first)
     ready: bool = False
     count: int = 0  # backup workers: pushes summed into ``out`` (the divisor of an average)
-    opened: float = 0.0  # an outer round: when its first push came (time.monotonic())
+    opened: float = 0.0  # when its first push came (time.monotonic()): round latency, an outer round's span
 
 
 OUTER_AUTO_FACTOR = 3.0   # round_deadline="auto": this many times the median span of the recent rounds,
@@ -102,6 +102,8 @@ class KeyState:
     # (first push to last) of the recent complete rounds; seconds = that. Past it a round completes without
     # the workers that have not pushed (their late pushes are answered with its result, not counted)
     outer_deadline: object = None
+    round_s: float = 0.0  # the first-push-to-sum time of every round completed here, summed (metrics)
+    rounds_timed: int = 0  # ... and how many rounds that is
     outer_spans: list = field(default_factory=list)  # spans of the last OUTER_AUTO_HISTORY complete rounds
     inline: bool = False  # small: summed on the receiving thread, a hand-off costs more than the sum
     op: str = "sum"  # sum | min | max | product | concat
@@ -153,6 +155,16 @@ class KeyState:
     def expected(self) -> set:
         return set(self.writers) if self.writers is not None else set(range(self.num_workers))
 
+    def awaited(self, older_than: float, now: float) -> list[int]:
+        """The ranks each round open longer than ``older_than`` seconds still waits for (a rank once per
+        round): the metrics' late and missing ranks. Read from another thread: a glance, not a lock."""
+        out = []
+        for slot in list(self.slots):
+            if slot.round != -1 and not slot.ready and slot.error is None and slot.pushed \
+                    and now - slot.opened > older_than:
+                out += sorted(self.expected() - slot.pushed - self.joined)
+        return out
+
     def reset(self, num_workers: int) -> None:
         """A new generation of workers (elastic): no round survives, ``num_workers`` push each one now.
         New slots, so an engine thread still summing an old push writes into a slot nobody reads."""
@@ -192,6 +204,7 @@ class KeyState:
             slot.sigs.clear()
             slot.error = None
             slot.count = 0
+            slot.opened = time.monotonic()
             if slot.acc is None:
                 slot.acc = Concat(self.numel) if self.op == "concat" else Accumulator(
                     self.dtype, self.numel, "sum" if self.op == "outer" else self.op, self._shared_acc(rnd % depth))
@@ -364,6 +377,8 @@ class KeyState:
         slot.count = len(slot.pushed)
         slot.ready = True
         self.completed = max(self.completed, slot.round)
+        self.round_s += time.monotonic() - slot.opened  # first push to the sum: the metrics' round latency
+        self.rounds_timed += 1
 
     def complete_without_joined(self) -> list:
         """Rounds that only waited for ranks that have joined since: complete them now (join())."""

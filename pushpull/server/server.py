@@ -49,6 +49,7 @@ _SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
 _DEADLINE = object()  # an engine-queue item: check this outer key's round deadline (on the key's own thread)
 _FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, *_SPARSE)
 _PUSH_PULL = (MsgType.PUSH, MsgType.PULL)
+AWAITED_AFTER_S = 1.0  # metrics: a round open this long names the ranks it still waits for
 
 
 def scheduled(items: list, q: queue.SimpleQueue) -> tuple[list, bool]:
@@ -274,8 +275,23 @@ class Server:
                  sum(q.qsize() for q in self.engines)),
                 ("pushpull_server_late_pushes_total", "counter", "late pushes dropped (backup workers)",
                  sum(sum(ks.dropped.values()) for ks in keys)),
+                ("pushpull_server_round_seconds_total", "counter", "first push to sum, over every round completed "
+                 "(divided by pushpull_server_rounds_timed_total: the mean round latency)", sum(ks.round_s for ks in keys)),
+                ("pushpull_server_rounds_timed_total", "counter", "rounds whose latency is in round_seconds_total",
+                 sum(ks.rounds_timed for ks in keys)),
                 ("pushpull_workers", "gauge", "the job's workers now", self.members.num_workers),
-                ("pushpull_generation", "gauge", "changes of the job's workers so far (elastic)", self.members.gen)]
+                ("pushpull_generation", "gauge", "changes of the job's workers so far (elastic)", self.members.gen),
+                *self._awaited_samples(keys)]
+
+    def _awaited_samples(self, keys: list) -> list:
+        """One sample per rank that rounds open for over a second still wait for: how many such rounds (the
+        late or missing ranks, by name; no sample for a rank nothing waits for)."""
+        now, count = time.monotonic(), {}
+        for ks in keys:
+            for rank in ks.awaited(AWAITED_AFTER_S, now):
+                count[rank] = count.get(rank, 0) + 1
+        return [("pushpull_server_rounds_awaiting", "gauge", f"rounds open over {AWAITED_AFTER_S:.0f} s still "
+                 f"waiting for this rank's push", n, {"rank": str(rank)}) for rank, n in sorted(count.items())]
 
     def dropped_summary(self) -> str:
         """Late pushes dropped per key and rank (backup workers), for the log at shutdown."""

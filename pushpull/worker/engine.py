@@ -44,7 +44,7 @@ from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
 from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED: the API's names
     FAILED, INITING, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition,
-    TensorTable, raw_bytes,
+    TensorTable, new_stats, raw_bytes,
 )
 from pushpull.worker.status import StatusQueries
 from pushpull.worker.tensors import kind_of
@@ -69,8 +69,7 @@ class Engine:
                              on_message=self._scheduler_message)
         self.member.on_failure(self._fail_all)
         self.table = TensorTable()
-        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0,
-                      "shm_pushes": 0}
+        self.stats = new_stats()
         self.averager = Averager(ident.size)
         self.pipeline = Pipeline(self.table, self.averager, self.stats, on_reset=self._reset)
         # an explicit credit applies at once; 'auto' needs the servers' addresses (known at start)
@@ -184,13 +183,19 @@ class Engine:
         if self.cfg.tensorboard_dir:
             self.tensorboard = metrics.start_tensorboard(
                 os.path.join(self.cfg.tensorboard_dir, f"worker{self.first_rank}"),
-                lambda: {"bytes_pushed": self.stats["bytes_pushed"], "bytes_pulled": self.stats["bytes_pulled"],
-                         "workers": self.size, "generation": self.gen})
+                lambda: {**self.stats, "workers": self.size, "generation": self.gen})
 
     def metrics_samples(self) -> list:
         """PUSHPULL_METRICS_PORT's figures of this worker (pushpull.metrics), read when Prometheus scrapes."""
         st = self.stats
+        comm, wait = st["comm_s"] + st["direct_s"], st["wait_s"] + st["direct_s"]
         return [("pushpull_bytes_pushed_total", "counter", "payload bytes pushed to the servers", st["bytes_pushed"]),
+                ("pushpull_compression_ratio", "gauge", "bytes before compression / bytes pushed (1: none)",
+                 st["bytes_pushed_raw"] / st["bytes_pushed"] if st["bytes_pushed"] else 1.0),
+                ("pushpull_comm_seconds_total", "counter", "time with some reduction in flight", comm),
+                ("pushpull_wait_seconds_total", "counter", "time the training thread waited for reductions", wait),
+                ("pushpull_overlap_seconds_total", "counter", "communication hidden behind computation "
+                 "(comm - wait)", max(0.0, comm - wait)),
                 ("pushpull_bytes_pulled_total", "counter", "payload bytes pulled from the servers", st["bytes_pulled"]),
                 ("pushpull_partitions_total", "counter", "partitions pushed and pulled", st["partitions"]),
                 ("pushpull_errors_total", "counter", "operations that failed", st["errors"]),
@@ -597,12 +602,16 @@ class Engine:
 
     def wait(self, handle: Handle, timeout: float | None = None):
         """Block until ``handle`` completes; a dead cluster or a timeout raises."""
+        t0 = None if handle.done() else time.perf_counter()
         try:
             failure = (lambda: self.member.failure) if self.local is None else self.local.failure_text
             return handle.wait_alive(timeout or self.cfg.timeout, failure)
         except WorkersChanged:
             self.changed_unseen = False  # the caller knows now: its next operations belong to the new job
             raise
+        finally:
+            if t0 is not None:
+                self.stats["wait_s"] += time.perf_counter() - t0
 
     def raise_if_changed(self, name: str) -> None:
         """The first operation after a change of the job raises WorkersChanged on a worker that had nothing

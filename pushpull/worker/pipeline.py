@@ -62,6 +62,8 @@ class Pipeline:
         self.pool: ThreadPoolExecutor | None = None
         self.changed_reason = ""          # the last change of the job (elastic), as the ops it failed say
         self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
+        self.active = 0                   # ops between start and finish, and since when one has been (metrics:
+        self.busy_since = 0.0             # the engine's comm_s, the time with some reduction in flight)
 
     def bind(self, kv: KVClient) -> None:
         self.kv = kv
@@ -76,6 +78,10 @@ class Pipeline:
     def start(self, op: Op) -> None:
         """Number the op's round; on to the queue when its tensor is ready, else wait for the set-up."""
         e = op.entry
+        op.active = True
+        if not self.active:
+            self.busy_since = time.perf_counter()
+        self.active += 1
         if op.gen != self.kv.gen:  # submitted before a change of the job took effect: it belongs to no round
             self.finish(op, f"tensor {e.name!r}: {self.changed_reason}", WorkersChanged)
             return
@@ -200,6 +206,7 @@ class Pipeline:
             if self.tracer is not None:
                 self.tracer.sent(p)
             self.stats["bytes_pushed"] += hi - lo
+            self.stats["bytes_pushed_raw"] += hi - lo
             self.stats["partitions"] += 1
             return
         if op.round <= p.completed:  # backup workers: the round completed without us; only its sum is wanted
@@ -252,6 +259,7 @@ class Pipeline:
         if self.tracer is not None:
             self.tracer.sent(p)
         self.stats["bytes_pushed"] += nb
+        self.stats["bytes_pushed_raw"] += p.nbytes
         self.stats["partitions"] += 1
 
     def on_pulled(self, msg: Msg, op: Op, p: Partition) -> None:
@@ -332,6 +340,11 @@ class Pipeline:
             return
         op.finished = True
         e = op.entry
+        if op.active:
+            op.active = False
+            self.active -= 1
+            if not self.active:
+                self.stats["comm_s"] += time.perf_counter() - self.busy_since
         if error is not None:
             self._unshare_inflight(op)
         self.kv.drop(op, e.parts)

@@ -66,6 +66,15 @@ def describe_spec(spec: KeySpec) -> str:
     return text + ")"
 
 
+def new_stats() -> dict:
+    """A worker's counters (``Engine.stats``): the pipeline, the direct path and the metrics add to them."""
+    return {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0, "shm_pushes": 0,
+            "bytes_pushed_raw": 0,  # before compression: bytes_pushed_raw / bytes_pushed is the ratio
+            # seconds: some operation in flight (the I/O thread's), the caller blocked waiting for one, and the
+            # direct path's calls (both at once: all of a blocking call is exposed)
+            "comm_s": 0.0, "wait_s": 0.0, "direct_s": 0.0}
+
+
 def raw_bytes(t) -> np.ndarray:
     """A writable uint8 NumPy view of a contiguous host tensor's memory (either kind: worker/tensors.py)."""
     return kind_of(t).raw(t)
@@ -129,7 +138,8 @@ class Op:
     """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
 
     __slots__ = ("handle", "entry", "inp", "out", "out_bytes", "average", "priority", "round", "remaining",
-                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen", "counts", "kind")
+                 "device", "user_out", "t_submit", "finished", "sig", "reader", "offset", "gen", "counts", "kind",
+                 "active")
 
     def __init__(self, handle: Handle, entry: Entry, inp: np.ndarray, out, out_bytes: np.ndarray | None,
                  average: bool, priority: int, device=None, user_out=None, sig: int = 0, reader: bool = True,
@@ -153,6 +163,7 @@ class Op:
         self.counts = None          # backup workers: [(offset, nbytes, pushes summed)] not yet averaged
         self.gen = 0                # the membership generation it was submitted in (elastic training)
         self.kind = kind            # its tensors' kind (worker/tensors.py): copies back to a device or user_out
+        self.active = False         # counted in the pipeline's time with something in flight (metrics)
 
 
 class TensorTable:

@@ -77,16 +77,49 @@ def test_prometheus_parses_every_endpoint_in_openmetrics(figures):
                                                                    ("1", "worker")]
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_each_worker_writes_tensorboard_scalars_per_step(figures, tensorboard_dir, rank):
-    """PUSHPULL_TENSORBOARD_DIR: read back with TensorBoard's own reader (36 steps: 6 + 30)."""
+def _tensorboard(tensorboard_dir, rank: int):
+    """Worker ``rank``'s scalars, read back with TensorBoard's own reader."""
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
                                  reason="tensorboard is not installed")
     acc = ea_mod.EventAccumulator(str(tensorboard_dir / f"worker{rank}"))
     acc.Reload()
+    return acc
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_worker_writes_tensorboard_scalars_per_step(figures, tensorboard_dir, rank):
+    """PUSHPULL_TENSORBOARD_DIR: read back with TensorBoard's own reader (36 steps: 6 + 30)."""
+    acc = _tensorboard(tensorboard_dir, rank)
     tags = set(acc.Tags()["scalars"])
     assert {"pushpull/step_seconds", "pushpull/push_MBps", "pushpull/pull_MBps", "pushpull/workers"} <= tags, tags
     steps = acc.Scalars("pushpull/step_seconds")
     assert len(steps) == 35 and all(e.value > 0 for e in steps)  # every step but the first (no duration yet)
     assert all(e.value == 2 for e in acc.Scalars("pushpull/workers"))
     assert sum(e.value for e in acc.Scalars("pushpull/push_MBps")) > 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_worker_splits_its_communication_into_waiting_and_overlap(figures, rank):
+    comm = figures[(rank, "worker", "pushpull_comm_seconds_total")]
+    wait = figures[(rank, "worker", "pushpull_wait_seconds_total")]
+    overlap = figures[(rank, "worker", "pushpull_overlap_seconds_total")]
+    assert comm > 0 and wait >= 0, (comm, wait)
+    assert overlap == pytest.approx(max(0.0, comm - wait), abs=1e-3)
+    assert figures[(rank, "worker", "pushpull_compression_ratio")] == 1.0  # no compression in this job
+
+
+def test_the_server_reports_its_round_latency(figures):
+    rounds = figures[(0, "server", "pushpull_server_rounds_timed_total")]
+    total = figures[(0, "server", "pushpull_server_round_seconds_total")]
+    assert rounds >= 2 * 6 and 0 < total / rounds < 5, (rounds, total)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_worker_writes_its_overlap_to_tensorboard(figures, tensorboard_dir, rank):
+    acc = _tensorboard(tensorboard_dir, rank)
+    comm = acc.Scalars("pushpull/comm_seconds")
+    wait = acc.Scalars("pushpull/wait_seconds")
+    overlap = acc.Scalars("pushpull/overlap_seconds")
+    assert len(comm) == len(wait) == len(overlap) == 35
+    assert sum(e.value for e in comm) > 0 and all(e.value >= 0 for e in overlap)
+    assert {e.value for e in acc.Scalars("pushpull/compression_ratio")} == {1.0}

@@ -121,3 +121,13 @@ def test_backup_workers_must_be_fewer_than_the_workers(backup):
 
     problem = backup_problem(backup, {"name": "Gradient.w", "op": "sum", "compression": None}, 3)
     assert f"PUSHPULL_BACKUP_WORKERS={backup}" in problem and "from 0 to 2" in problem
+
+
+def test_a_round_open_over_the_limit_names_the_ranks_it_waits_for():
+    """The metrics' late and missing ranks (pushpull_server_rounds_awaiting): rank 2 of 3 has not pushed."""
+    ks = KeyState(5, "Gradient.w", "float32", 2, 3)
+    ks.push(1, 0, np.ones(2, np.float32))
+    ks.push(1, 1, np.ones(2, np.float32))
+    opened = next(s for s in ks.slots if s.round == 1).opened
+    assert ks.awaited(1.0, opened + 0.5) == []  # not open long enough yet
+    assert ks.awaited(1.0, opened + 2.0) == [2]

@@ -16,7 +16,7 @@ from pushpull.worker.handle import Handle, PushPullError
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
 from pushpull.worker.table import (
-    ASSIGNING, FAILED, INITING, NEW, PLAIN, READY, Op, TensorTable, raw_bytes,
+    ASSIGNING, FAILED, INITING, NEW, PLAIN, READY, Op, TensorTable, new_stats, raw_bytes,
 )
 
 
@@ -57,7 +57,7 @@ class Harness:
     def __init__(self, size: int = 2, credit_bytes: int = 0, partition_bytes: int = 8, combine=lambda a: a * 2):
         self.van = MemoryVan()
         self.table = TensorTable()
-        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "partitions": 0, "direct_calls": 0, "errors": 0}
+        self.stats = new_stats()
         self.resets: list = []
         self.pipeline = Pipeline(self.table, Averager(size), self.stats, on_reset=self.resets.append)
         self.kv = KVClient(self.van, MemoryMember(self.van), 0, self.pipeline, credit_bytes)
