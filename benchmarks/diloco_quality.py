@@ -12,7 +12,8 @@ training text (the same tokens per method):
 
 * **sync**: DistributedOptimizer(AdamW): the gradient averaged over the workers every step;
 * **dilocoH**: DiLoCo(AdamW inner, outer SGD lr 0.7 Nesterov 0.9), an outer round every H steps;
-* **streamingH**: the same with 4 fragments, exchanges overlapping 5 inner steps, int8 pseudo-gradients.
+* **streamingH**: the same with 4 fragments, exchanges overlapping 5 inner steps, int8 pseudo-gradients;
+  **streamingHint4**: with 4-bit ones (a scale per 64 elements).
 
 AdamW's learning rate warms up over the first 5 % of the steps and stays constant after. The held-out loss
 (mean cross entropy in nats per byte over fixed windows of the held-out files) is taken at the end from
@@ -37,8 +38,13 @@ CONTEXT = 128
 
 
 def _h(method: str) -> int:
-    """H of a method name: diloco100 -> 100, streaming100 -> 100."""
-    return int(re.fullmatch(r"(?:diloco|streaming)(\d+)", method).group(1))
+    """H of a method name: diloco100 -> 100, streaming100 -> 100, streaming100int4 -> 100."""
+    return int(re.fullmatch(r"(?:diloco|streaming)(\d+)(?:int4)?", method).group(1))
+
+
+def _codec(method: str) -> str:
+    """A streaming method's pseudo-gradient codec: int8, or int4 for streamingHint4."""
+    return "int4" if method.endswith("int4") else "int8"
 
 
 def corpus(limit_bytes: int = 16 << 20) -> tuple[bytes, bytes]:
@@ -94,7 +100,9 @@ def worker(args) -> None:
         h = _h(method)
         kw = {}
         if method.startswith("streaming"):
-            kw = dict(fragments=4, overlap=5, compression=bps.Compression.build("int8", block=256))
+            codec = _codec(method)
+            kw = dict(fragments=4, overlap=5, compression=bps.Compression.build(
+                codec, **({"block": 256} if codec == "int8" else {"group": 64})))
         opt = bps.DiLoCo(inner, m.named_parameters(), sync_every=h, name=method, **kw)
     gen = torch.Generator().manual_seed(1000 + rank)
     t0 = time.perf_counter()
@@ -194,7 +202,8 @@ def report(args, results: list[dict]) -> str:
              f"{cmd}: a GPT-2 of {r0['params'] / 1e6:.1f} M parameters (byte level, context {CONTEXT}), "
              f"{args.workers} workers on this machine, {args.steps} steps of {args.batch} windows each per worker "
              f"({r0['tokens'] / 1e6:.2f} M tokens per method), AdamW (lr {args.lr:g}, warm-up 5 %); DiLoCo's outer "
-             f"SGD lr 0.7, Nesterov 0.9; streaming: 4 fragments, overlap 5 steps, int8 pseudo-gradients. Held-out "
+             f"SGD lr 0.7, Nesterov 0.9; streaming: 4 fragments, overlap 5 steps, int8 pseudo-gradients (a scale per "
+             f"256) or int4 (a scale per 64). Held-out "
              f"loss in nats per byte over {args.eval_windows} fixed windows of the held-out files."
              + (f" Churn: in every DiLoCo method the last rank SIGKILLs itself at step {args.kill_at} and the job "
                 f"goes on with {args.workers - 1} workers (--min-workers {args.workers - 1})." if args.kill_at else ""),
@@ -205,7 +214,7 @@ def report(args, results: list[dict]) -> str:
         m = r["method"]
         h = None if m == "sync" else _h(m)
         label = ("synchronous (DistributedOptimizer)" if m == "sync" else
-                 f"DiLoCo H = {h}" if m.startswith("diloco") else f"streaming DiLoCo H = {h}, F = 4, int8")
+                 f"DiLoCo H = {h}" if m.startswith("diloco") else f"streaming DiLoCo H = {h}, F = 4, {_codec(m)}")
         rounds = "every step" if h is None else f"{args.steps // h}"
         vs = "" if sync is None or m == "sync" else f"{100 * (r['held_out_loss'] / sync['held_out_loss'] - 1):+.2f} %"
         lines.append(f"| {label} | {rounds} | {r['held_out_loss']:.4f} | {vs} | {r['train_loss_end']:.4f} | "

@@ -31,7 +31,7 @@ from pushpull.sim.synthetic import synthetic_profile
 
 H_GRID = (10, 25, 50, 100, 250, 500)
 FRAGMENT_GRID = (1, 2, 4, 8)
-CODECS = ("none", "int8")
+CODECS = ("none", "int8", "int4")
 
 
 def codec_ratio(codec: str, numel: int, dtype: str = "float32") -> float:
@@ -162,8 +162,8 @@ def _overlap_for(x: float, c: float, h: int, f: int) -> int:
 def plan_diloco(profile: Profile, cluster: ClusterConfig, target: float = 0.9, sync_step_s: float | None = None,
                 h_grid=H_GRID, fragment_grid=FRAGMENT_GRID, codecs=CODECS) -> DiLoCoPlan:
     """The setting closest to synchronous training that keeps utilisation >= ``target``: the smallest H
-    (fewer inner steps apart is closer to synchronous, DiLoCo's finding), then no codec before int8, then
-    the fewest fragments; for each (H, F, codec) the overlap that hides the exchange (:func:`_overlap_for`)."""
+    (fewer inner steps apart is closer to synchronous, DiLoCo's finding), then no codec before int8 before
+    int4, then the fewest fragments; for each (H, F, codec) the overlap that hides the exchange (:func:`_overlap_for`)."""
     if sync_step_s is None:
         from pushpull.sim.plan import plan
 
