@@ -11,8 +11,6 @@ and push_pull is a local copy, so a training script runs unchanged alone.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from pushpull.worker import trace as _trace

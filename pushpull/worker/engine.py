@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
-import zmq
 
 from pushpull.cluster.address import server_address
 from pushpull.dtypes import BY_NAME, DType
@@ -32,7 +31,7 @@ from pushpull.config import (
     LANE_MIN_PARTITION_BYTES, Config, WorkerIdentity, data_lane_on, max_partition_bytes,
 )
 from pushpull.transport import shm
-from pushpull.transport.protocol import Flags, Header, MsgType, decode_json, encode_json
+from pushpull.transport.protocol import Header, MsgType, encode_json
 from pushpull.transport.memory import keep_freed_buffers
 from pushpull.transport.security import auth_for
 from pushpull.transport.van import Van
@@ -43,8 +42,7 @@ from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
 from pushpull.worker.table import (  # noqa: F401 - KeySpec, PLAIN, SUPPORTED: the API's names
-    FAILED, INITING, PLAIN, READY, SUPPORTED, Entry, EntryState, KeySpec, Op, Partition,
-    TensorTable, new_stats, raw_bytes,
+    FAILED, PLAIN, READY, SUPPORTED, Entry, KeySpec, Op, TensorTable, new_stats,
 )
 from pushpull.worker.status import StatusQueries
 from pushpull.worker.tensors import kind_of
