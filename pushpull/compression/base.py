@@ -306,6 +306,19 @@ def make_rng(seed: int | None) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seed))
 
 
+def block_scales(x: np.ndarray, block: int, levels: int, scales: np.ndarray) -> np.ndarray:
+    """Each block of ``block`` elements' largest magnitude / ``levels`` into ``scales`` (the last block may be
+    short); returns the inverse, 0 where a block is all zeros (the int8 and int4 codecs' per-block scales)."""
+    n = x.size
+    full = n // block * block
+    if full:
+        np.max(np.abs(x[:full].reshape(-1, block)), axis=1, out=scales[: full // block])
+    if full < n:
+        scales[-1] = np.max(np.abs(x[full:]))
+    scales /= np.float32(levels)
+    return np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
+
+
 def flat_input(tensor: torch.Tensor, compute_dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
     """Contiguous 1-D view of a float tensor, cast to ``compute_dtype`` if needed."""
     if not isinstance(tensor, torch.Tensor):

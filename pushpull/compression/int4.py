@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Codec, Option, Payload, decode_into, flat_input, output_for, register_codec
+from .base import Codec, Option, Payload, block_scales, decode_into, flat_input, output_for, register_codec
 
 LEVELS = 7  # symmetric: -7..7
 
@@ -25,18 +25,6 @@ LEVELS = 7  # symmetric: -7..7
 def _check_group(v) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24:
         raise ValueError(f"compression spec: group must be an integer in [1, 2**24], got {v!r}")
-
-
-def _block_scales(x: np.ndarray, b: int, scales: np.ndarray) -> np.ndarray:
-    """Each block's largest magnitude / LEVELS into ``scales``; returns the inverse (0 where a block is 0)."""
-    n = x.size
-    full = n // b * b
-    if full:
-        np.max(np.abs(x[:full].reshape(-1, b)), axis=1, out=scales[: full // b])
-    if full < n:
-        scales[-1] = np.max(np.abs(x[full:]))
-    scales /= np.float32(LEVELS)
-    return np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
 
 
 @register_codec
@@ -57,7 +45,7 @@ class Int4(Codec):
         payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, param=b)
         packed = payload.sections[0].numpy()
         scales = payload.sections[1].numpy()
-        inv = _block_scales(x, b, scales)
+        inv = block_scales(x, b, LEVELS, scales)
         q = np.empty(n + (n & 1), dtype=np.float32)
         per_element = np.repeat(inv, b)[:n] if b > 1 else inv
         np.multiply(x, per_element, out=q[:n])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Codec, Option, Payload, decode_into, flat_input, output_for, register_codec
+from .base import Codec, Option, Payload, block_scales, decode_into, flat_input, output_for, register_codec
 
 LEVELS = 127  # symmetric: -127..127, so that 0 is exact and the scale is max|x| / 127
 
@@ -40,14 +40,8 @@ class Int8(Codec):
         payload = Payload.allocate(self.codec, tensor.dtype, tensor.shape, param=b)
         q = payload.sections[0].numpy()
         scales = payload.sections[1].numpy()
+        inv = block_scales(x, b, LEVELS, scales)
         full = n // b * b
-        if full:
-            blocks = x[:full].reshape(-1, b)
-            np.max(np.abs(blocks), axis=1, out=scales[: full // b])
-        if full < n:
-            scales[-1] = np.max(np.abs(x[full:]))
-        scales /= np.float32(LEVELS)
-        inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
         if full:
             q[:full] = np.rint(x[:full].reshape(-1, b) * inv[: full // b, None]).reshape(-1)
         if full < n:

@@ -27,7 +27,19 @@ def _np_dtype(d: DType) -> np.dtype:
         return np.dtype(d.np_wire)
 
 
-class NumpyKind:
+def _unsupported(name: str) -> TypeError:
+    return TypeError(f"dtype {name} is not supported; use one of {', '.join(dtypes.TENSOR_NAMES)}")
+
+
+class _Kind:
+    """What both kinds do alike."""
+
+    @staticmethod
+    def shape(x) -> tuple:
+        return tuple(x.shape)
+
+
+class NumpyKind(_Kind):
     """NumPy arrays (and anything ``np.asarray`` takes without a copy is not assumed): host memory only."""
 
     name = "numpy"
@@ -40,15 +52,11 @@ class NumpyKind:
     def dtype(x) -> DType:
         d = dtypes.BY_NAME.get(x.dtype.name)
         if d is None or d.header is None:
-            raise TypeError(f"dtype {x.dtype.name} is not supported; use one of {', '.join(dtypes.TENSOR_NAMES)}")
+            raise _unsupported(x.dtype.name)
         if not x.dtype.isnative:  # its bytes would be summed as if little-endian
             raise TypeError(f"dtype {x.dtype.str} is not in this machine's byte order; convert it first "
                             f"(array.astype(array.dtype.newbyteorder('=')))")
         return d
-
-    @staticmethod
-    def shape(x) -> tuple:
-        return tuple(x.shape)
 
     @staticmethod
     def numel(x) -> int:
@@ -110,7 +118,7 @@ class NumpyKind:
         return x
 
 
-class TorchKind:
+class TorchKind(_Kind):
     """torch tensors: any device (a CUDA tensor is staged through host memory and its result copied back)."""
 
     name = "torch"
@@ -129,12 +137,8 @@ class TorchKind:
     def dtype(self, x) -> DType:
         d = self.table.get(x.dtype)
         if d is None or d.header is None:
-            raise TypeError(f"dtype {x.dtype} is not supported; use one of {', '.join(dtypes.TENSOR_NAMES)}")
+            raise _unsupported(str(x.dtype))
         return d
-
-    @staticmethod
-    def shape(x) -> tuple:
-        return tuple(x.shape)
 
     @staticmethod
     def numel(x) -> int:
