@@ -171,7 +171,8 @@ class Payload:
         count: int = 0,
         flags: int = 0,
     ) -> "Payload":
-        """Fresh buffer with the header written and uninitialised sections.
+        """Fresh buffer with the header written, the gaps between sections zeroed, and the sections
+        uninitialised (every codec fills its own).
 
         A fresh buffer each call (rather than a reused one) because the
         transport may still be sending the previous payload without a copy.
@@ -181,6 +182,10 @@ class Payload:
         layout = _codec_class(codec).layout(numel, dtype, param, count, flags)
         offsets, total = cls._offsets(len(shape), layout)
         buffer = torch.empty(total, dtype=torch.uint8)
+        end = HEADER.size + 8 * len(shape)
+        for (dt, n), off in zip(layout, offsets):  # the alignment gaps: no stale memory goes on the wire
+            buffer[end:off] = 0
+            end = off + n * _itemsize(dt)
         payload = cls(codec, dtype, shape, float(scale), int(param), int(count), int(flags), buffer,
                       cls._views(buffer, layout, offsets))
         payload._write_header()
