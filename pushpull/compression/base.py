@@ -311,6 +311,15 @@ def make_rng(seed: int | None) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seed))
 
 
+def elements_option(key: str) -> Callable[[object], None]:
+    """The check of an option that counts elements per scale (int8's ``block``, int4's ``group``): an integer
+    in [1, 2**24]; the error names ``key``."""
+    def check(v) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24:
+            raise ValueError(f"compression spec: {key} must be an integer in [1, 2**24], got {v!r}")
+    return check
+
+
 def block_scales(x: np.ndarray, block: int, levels: int, scales: np.ndarray) -> np.ndarray:
     """Each block of ``block`` elements' largest magnitude / ``levels`` into ``scales`` (the last block may be
     short); returns the inverse, 0 where a block is all zeros (the int8 and int4 codecs' per-block scales)."""

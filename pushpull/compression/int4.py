@@ -17,14 +17,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Codec, Option, Payload, block_scales, decode_into, flat_input, output_for, register_codec
+from .base import (
+    Codec, Option, Payload, block_scales, decode_into, elements_option, flat_input, output_for, register_codec,
+)
 
 LEVELS = 7  # symmetric: -7..7
 
 
-def _check_group(v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24:
-        raise ValueError(f"compression spec: group must be an integer in [1, 2**24], got {v!r}")
+_check_group = elements_option("group")
 
 
 @register_codec

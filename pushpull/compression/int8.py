@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Codec, Option, Payload, block_scales, decode_into, flat_input, output_for, register_codec
+from .base import (
+    Codec, Option, Payload, block_scales, decode_into, elements_option, flat_input, output_for, register_codec,
+)
 
 LEVELS = 127  # symmetric: -127..127, so that 0 is exact and the scale is max|x| / 127
 
 
-def _check_block(v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24:
-        raise ValueError(f"compression spec: block must be an integer in [1, 2**24], got {v!r}")
+_check_block = elements_option("block")
 
 
 @register_codec
