@@ -216,7 +216,9 @@ class Scheduler:
         self._joining.append(node)
         log.warning("a late worker (pid %s on %s, registered as rank %d) comes into the running job as rank %d "
                     "of %d", info.get("pid"), info.get("hostname"), first, node.node_id, self.num_workers)
-        self._new_generation(f"a late worker came in as rank {node.node_id}", {})
+        # "came_in": the workers tell a change that brought someone in from one that only lost someone (DiLoCo
+        # hands the newcomer its schedule then)
+        self._new_generation(f"a late worker came in as rank {node.node_id}", {}, {"came_in": [node.node_id]})
 
     def _book(self, node: NodeInfo) -> dict:
         # a server lost in an elastic job is left out (its partitions moved); the others keep their index

@@ -229,11 +229,13 @@ class KeyState:
             slot.error = error
         raise Disagreement(slot.error, slot)
 
-    def outer_push(self, rid: int, rank: int, data: np.ndarray, waiter: tuple) -> Slot | None:
+    def outer_push(self, rid: int, rank: int, data: np.ndarray, waiter: tuple, counts: bool = True) -> Slot | None:
         """One worker's push of outer round ``rid`` (``waiter``: whom to answer). Returns a slot holding the
         answer: the stepped round's (a retry of it, after the workers changed), or this round's when it
         just completed (its ``waiting`` lists every worker to answer); None while it waits for others.
-        An outer key's answer is the global parameters, whole: only its pushes are ever compressed."""
+        ``counts=False``: the worker is present but adds nothing (it came into the running job in this round;
+        the mean is the others'). An outer key's answer is the global parameters, whole: only its pushes are
+        ever compressed."""
         done = self.outer_done
         if done is not None and rid == done[0]:
             return Slot(round=rid, out=done[1], ready=True, waiting=[waiter])
@@ -255,10 +257,12 @@ class KeyState:
                                                  opened=time.monotonic())
         if rank in slot.pushed:
             raise RoundError(f"tensor {self.name!r} outer round {rid}: rank {rank} pushed twice")
-        if slot.pushed:
-            slot.acc.add(data)
-        else:
-            slot.acc.first(data)
+        if counts:
+            if slot.count:
+                slot.acc.add(data)
+            else:
+                slot.acc.first(data)
+            slot.count += 1
         slot.pushed.add(rank)
         slot.waiting.append(waiter)
         if not self.covers(slot.pushed):
@@ -268,8 +272,13 @@ class KeyState:
 
     def _outer_step(self, rid: int, slot: Slot) -> Slot:
         """Round ``rid`` is complete (every worker pushed, or its deadline passed): one outer step on the mean
-        of the pushes it has."""
-        result = self.outer.apply(slot.acc.result(), len(slot.pushed)).astype(WIRE_NP[self.dtype])
+        of the pushes it has (none counted: only newcomers pushed before the deadline; the parameters stay)."""
+        if slot.count:
+            result = self.outer.apply(slot.acc.result(), slot.count).astype(WIRE_NP[self.dtype])
+        elif self.outer_done is not None:
+            result = self.outer_done[1]
+        else:
+            raise RoundError(f"tensor {self.name!r}: the start round {rid} had no worker's parameters")
         del self.outer_rounds[rid]
         if self.outer_done is None or rid > self.outer_done[0]:
             self.outer_done = (rid, result)
@@ -296,7 +305,7 @@ class KeyState:
         out = []
         for rid in sorted(self.outer_rounds):
             slot = self.outer_rounds[rid]
-            if slot.pushed and now - slot.opened > limit:
+            if slot.pushed and (slot.count or self.outer_done is not None) and now - slot.opened > limit:
                 missing = sorted(self.expected() - slot.pushed)
                 out.append((self._outer_step(rid, slot), missing))
         return out

@@ -33,8 +33,8 @@ from pushpull.server.members import Members
 from pushpull.server.reduce import wire_view
 from pushpull.server.sparse import SparseStore
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32, decode_json, dtype_code, dtype_name,
-    encode_json,
+    OUTER_PRESENT_ONLY, Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32, decode_json,
+    dtype_code, dtype_name, encode_json,
 )
 from pushpull.transport import shm
 from pushpull.transport.lane import lane_key, lane_sealed
@@ -528,7 +528,8 @@ class Server:
             ks.outer_rounds.clear()
             return
         data = self._decode_push(msg, ks)
-        slot = ks.outer_push(h.req_id, h.sender, data, (identity, h.sender, h.req_id, h.round))
+        slot = ks.outer_push(h.req_id & ~OUTER_PRESENT_ONLY, h.sender, data, (identity, h.sender, h.req_id, h.round),
+                             counts=not h.req_id & OUTER_PRESENT_ONLY)
         if not h.flags & Flags.NO_ACK:
             self._ack(identity, h)
         if slot is None:

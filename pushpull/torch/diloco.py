@@ -22,20 +22,49 @@ contiguous groups of about equal size, and fragment f has its outer round at the
 ``(step - f * H // F) % H == 0``, so the link carries 1/F of the model at a time instead of all of it at once.
 With ``overlap`` τ > 0 a fragment's exchange runs while the next τ inner steps go on, and its answer is merged
 when it is due: ``local = mix * local + (1 - mix) * global`` (the local fragment moved on meanwhile).
+
+Workers that come and go (elastic training, ``pushpull launch --min-workers M --restart-workers N``): a lost
+worker costs its share of the round in progress (the others push that round again in the new job). A worker
+that comes into the running job (a replacement) is welcomed at the round where the others notice it: rank 0
+sends it where the schedule stands (the inner step, the round ids, the rounds open) and the global
+parameters; it takes part in the open rounds *present* but adding nothing (the mean stays the others'), and
+pushes its own pseudo-gradients from the next round on. Its inner optimizer starts fresh, as a newcomer's
+does in OpenDiLoCo; :attr:`DiLoCo.steps` tells its training loop (and a learning-rate schedule) where the job
+is.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from pushpull import metrics
 from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
 from pushpull.outer import round_deadline as round_deadline_of
-from pushpull.torch import ops
+from pushpull.torch import functions, ops
 from pushpull.torch.functions import broadcast_parameters
+from pushpull.transport.protocol import OUTER_PRESENT_ONLY
 from pushpull.worker.engine import KeySpec
 from pushpull.worker.handle import PushPullError, WorkersChanged
 
 MAX_RETRIES = 3  # changes of the workers one outer round goes through before it gives up
+
+
+@dataclass
+class _Round:
+    """One outer round: the parameters it carries and where it stands in the schedule (what a newcomer is
+    told of the rounds open when it comes in)."""
+    rid: int                 # its id: every worker runs the same rounds in the same order
+    idx: list                # the parameters' indices
+    step: int                # the inner step it was started at
+    fragment: int | None     # None: every fragment at once (the start, sync())
+    due: int | None = None   # overlap: the step its answer is merged at
+    present_only: bool = False  # this worker adds nothing to it (it came into the job in this round)
+    tensors: list = field(default_factory=list)
+    handles: list = field(default_factory=list)  # engine handles (in a job of one worker, the answers)
+
+    def describe(self) -> dict:
+        return {"rid": self.rid, "idx": list(self.idx), "step": self.step, "fragment": self.fragment, "due": self.due}
 
 
 class DiLoCo:
@@ -77,21 +106,25 @@ class DiLoCo:
         self.fragments = _fragments([p.numel() for _, p in self.params], fragments)
         meta = dict(self.outer, **({"round_deadline": self.round_deadline} if self.round_deadline is not None else {}))
         self.spec = KeySpec(kind="diloco", op="outer", meta=tuple(sorted(meta.items())))
-        self.steps = 0       # inner steps taken
+        self.steps = 0       # inner steps taken (by the job: a newcomer starts where the others are)
         self.rounds = 0      # outer rounds completed, of any fragment (the start counts one)
         self._synced = [0] * len(self.fragments)   # the step of each fragment's last round
-        self._inflight: dict[int, tuple[int, tuple]] = {}   # fragment -> (the step it is due, its exchange)
+        self._inflight: dict[int, _Round] = {}     # fragment -> its round whose answer is merged later
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
         self._ids = 0        # outer rounds started: each round's id (the start is 1)
+        self._phase = "start"  # "start", "step" (inside step()), "sync" (inside sync()), "" (between steps)
+        self._last_sync = None  # the step of the last sync() (or the start): a second one there is a no-op
         self.changes = 0     # changes of the workers taken during outer rounds (elastic training)
+        self.welcomed = 0    # workers this one helped come into the running job
+        self.joined_at: int | None = None  # the inner step this worker came into the running job at
         eng = ops.engine()
+        self._arrivals = eng.arrivals if eng is not None else 0  # newcomers the engine has seen come in
         if eng is not None and eng.joined_late:
-            raise PushPullError(f"{name}: this worker came into a running job (rank {ops.rank()} of {ops.size()}); "
-                                f"DiLoCo takes workers that leave, not ones that join a running job yet "
-                                f"(docs/diloco.md)")
-        self._size = ops.size()
-        self._start()
+            self._come_in()
+        else:
+            self._start()
+        self._phase = ""
 
     @property
     def pending(self) -> int:
@@ -105,82 +138,84 @@ class DiLoCo:
         if ops.engine() is not None:
             broadcast_parameters(self.params, root_rank=0, prefix=f"{self.name}.start.")
         every = list(range(len(self.params)))
-        self._finish(self._submit(every, lambda p, g: p.detach()), mixed=False)
+        self._finish(self._submit(every, None, lambda p, g: p.detach()), mixed=False)
         self._global = [p.detach().clone() for _, p in self.params]
+        self._last_sync = 0
 
-    def _submit(self, idx: list[int], push) -> tuple:
-        """The pushes (``push(param, global)``) of parameters ``idx`` in flight at once; returns what
-        :meth:`_finish` takes: the parameters, the tensors pushed, the round's id, and the handles (in a job
-        of one worker, the answers themselves)."""
+    def _submit(self, idx: list[int], fragment: int | None, push, due: int | None = None) -> _Round:
+        """The pushes (``push(param, global)``) of parameters ``idx`` in flight at once; returns the round,
+        which :meth:`_finish` takes (with the handles, or in a job of one worker the answers themselves)."""
         glob = self._global or [None] * len(self.params)
         self._ids += 1  # every worker runs the same rounds in the same order: the same id for the same round
-        tensors = [push(self.params[i][1], glob[i]).detach().contiguous() for i in idx]
+        rnd = _Round(self._ids, idx, self.steps, fragment, due,
+                     present_only=self.joined_at is not None and self.steps <= self.joined_at)
+        rnd.tensors = [push(self.params[i][1], glob[i]).detach().contiguous() for i in idx]
         if ops.engine() is None:  # one worker: the same outer steps, here (float64 kept, the rest in float32)
-            outs = []
-            for i, x in zip(idx, tensors):
+            for i, x in zip(idx, rnd.tensors):
                 n, p = self.params[i]
                 acc = torch.float64 if p.dtype == torch.float64 else torch.float32
                 st = self._local.setdefault(n, OuterSGD(**self.outer, dtype=str(acc).replace("torch.", "")))
-                outs.append(torch.from_numpy(st.apply(x.to(device="cpu", dtype=acc).numpy(), 1).copy()))
-            return idx, tensors, self._ids, outs
-        return idx, tensors, self._ids, [self._push(i, t, self._ids) for i, t in zip(idx, tensors)]
+                rnd.handles.append(torch.from_numpy(st.apply(x.to(device="cpu", dtype=acc).numpy(), 1).copy()))
+            return rnd
+        self._send(rnd)
+        return rnd
 
-    def _push(self, i: int, tensor: torch.Tensor, rid: int) -> int:
-        """One parameter's push of outer round ``rid``: the id rides as the round signature, and the servers
+    def _send(self, rnd: _Round) -> None:
+        rnd.handles = []
+        for i, t in zip(rnd.idx, rnd.tensors):
+            rnd.handles.append(self._push(i, t, rnd))
+
+    def _push(self, i: int, tensor: torch.Tensor, rnd: _Round) -> int:
+        """One parameter's push of outer round ``rnd``: its id rides as the round signature, and the servers
         match an outer round's pushes by it. A change of the workers noticed here (this worker had nothing in
         flight) is taken as it comes: the push goes out in the new job."""
         # a key has one codec: with compression the start's parameters travel compressed too, and every
         # worker takes the servers' answer, so all of them and the servers start from the same values
         name = f"{self.name}.{self.params[i][0]}"
+        sig = rnd.rid | (OUTER_PRESENT_ONLY if rnd.present_only else 0)
         try:
-            return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=rid)
+            return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=sig)
         except WorkersChanged:  # reported once: the second call goes out
-            self.changes += 1
-            self._no_newcomer()
-            return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=rid)
+            self._changed(rnd)
+            return ops.submit_key(tensor, None, False, name, 0, self.compression, self.spec, sig=sig)
 
-    def _no_newcomer(self) -> None:
-        """A worker that came into the running job (elastic training with a replacement) would be expected in
-        every round from now on but cannot know where the others are in their schedule: fail at once, naming
-        it, rather than wait out the round's deadline. Leaving workers are taken (docs/diloco.md)."""
-        eng = ops.engine()
-        size = eng.size if eng is not None else 1  # the engine's: updated before any operation fails
-        if size > self._size:
-            raise PushPullError(f"{self.name}: a worker came into the running job ({self._size} -> {size} "
-                                f"workers); DiLoCo takes workers that leave, not ones that join a running job "
-                                f"yet: run it without --restart-workers (docs/diloco.md)")
-        self._size = size
-
-    def _finish(self, started: tuple, mixed: bool) -> None:
+    def _finish(self, rnd: _Round, mixed: bool) -> None:
         """The new global parameters arrive: into this worker's copy of them, and into the parameters
         (``mixed`` with them where the exchange overlapped inner steps). Where the workers changed under the
-        round (elastic training: a worker was lost), the same pushes go again in the new job under the same
-        id: the round completes with the workers present, and a key whose step was taken before the change
-        answers that step again, so no key is stepped twice and a lost worker costs its share of one round."""
-        idx, tensors, rid, handles = started
+        round (elastic training: a worker was lost, or one came in), the same pushes go again in the new job
+        under the same id: the round completes with the workers present, and a key whose step was taken
+        before the change answers that step again, so no key is stepped twice and a lost worker costs its
+        share of one round."""
+        outs: list = [None] * len(rnd.idx)
         for attempt in range(MAX_RETRIES + 1):
-            outs, lost = [], None
-            for h in handles:  # every handle is taken, even after a failure, so none is left behind
+            lost, again = None, []
+            for j, h in enumerate(rnd.handles):  # every handle is taken, even after a failure, so none is left
+                if outs[j] is not None:
+                    continue
                 try:
-                    outs.append(ops.synchronize(h) if isinstance(h, int) else h)
+                    outs[j] = ops.synchronize(h) if isinstance(h, int) else h
                 except WorkersChanged as e:
                     lost = e
-                    outs.append(None)
+                    again.append(j)
             if lost is None:
                 break
             if attempt == MAX_RETRIES:
                 raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times during outer round "
-                                     f"{rid}: {lost}")
-            self.changes += 1
-            self._no_newcomer()
-            handles = [self._push(i, t, rid) for i, t in zip(idx, tensors)]
+                                     f"{rnd.rid}: {lost}")
+            self._changed(rnd)
+            # only the pushes that failed go again: one that went out in the new job (the change came while
+            # the round was being sent) has its answer, and a second push of it would count twice
+            for j in again:
+                rnd.handles[j] = self._push(rnd.idx[j], rnd.tensors[j], rnd)
+        # a newcomer's round: it had nothing to mix (its parameters were the global ones when it came in)
+        mixed = mixed and bool(self.mix) and not rnd.present_only
         with torch.no_grad():
-            for i, out in zip(idx, outs):
+            for i, out in zip(rnd.idx, outs):
                 p = self.params[i][1]
                 new = out.view_as(p).to(device=p.device, dtype=p.dtype)
                 if self._global:
                     self._global[i].copy_(new)
-                if mixed and self.mix:
+                if mixed:
                     p.mul_(self.mix).add_(new, alpha=1.0 - self.mix)
                 else:
                     p.copy_(new)
@@ -189,35 +224,125 @@ class DiLoCo:
     def _round(self, f: int) -> None:
         """Fragment ``f``'s outer round: its pseudo-gradients go out; the answer is taken now, or ``overlap``
         steps later."""
-        idx = self.fragments[f]
-        started = self._submit(idx, lambda p, g: g - p.detach())
         self._synced[f] = self.steps
+        rnd = self._submit(self.fragments[f], f, lambda p, g: g - p.detach(),
+                           self.steps + self.overlap if self.overlap else None)
         if self.overlap:
-            self._inflight[f] = (self.steps + self.overlap, started)
+            self._inflight[f] = rnd
         else:
-            self._finish(started, mixed=False)
+            self._finish(rnd, mixed=False)
+
+    def _rounds_due(self, started: set = frozenset()) -> None:
+        """The rounds of this step: the answers due merged, then the fragments whose round falls here (but
+        those in ``started``) started."""
+        for f in [f for f, r in self._inflight.items() if r.due <= self.steps]:
+            self._finish(self._inflight.pop(f), mixed=True)
+        h, count = self.sync_every, len(self.fragments)
+        for f in range(count):
+            offset = self.steps - f * h // count
+            if offset > 0 and offset % h == 0 and f not in started:
+                self._round(f)
 
     def sync(self) -> None:
         """An outer round of every fragment now, answers taken at once (a collective: every worker calls it at
-        the same point), e.g. before evaluating or saving, so that every worker holds the global parameters."""
+        the same point), e.g. before evaluating or saving, so that every worker holds the global parameters.
+        A second call at the same step does nothing (every worker holds them already)."""
+        if self._last_sync == self.steps and not self._inflight:
+            return
+        self._phase = "sync"
         for f in sorted(self._inflight):
-            self._finish(self._inflight.pop(f)[1], mixed=True)
+            self._finish(self._inflight.pop(f), mixed=True)
         every = [i for frag in self.fragments for i in frag]
-        self._finish(self._submit(every, lambda p, g: g - p.detach()), mixed=False)
+        self._finish(self._submit(every, None, lambda p, g: g - p.detach()), mixed=False)
         self._synced = [self.steps] * len(self.fragments)
+        self._last_sync, self._phase = self.steps, ""
+
+    # ------------------------------------------------------------ workers that come and go --
+    def _changed(self, rnd: _Round) -> None:
+        """The workers changed under round ``rnd`` (noticed on a push or an answer): where someone came in,
+        welcome it before the round goes again (the newcomer pushes it too)."""
+        self.changes += 1
+        eng = ops.engine()
+        if eng is None or eng.arrivals <= self._arrivals:
+            return
+        self._arrivals = eng.arrivals
+        open_ = {r.rid: r for r in self._inflight.values()}
+        open_[rnd.rid] = rnd
+        state = {"steps": self.steps, "ids": self._ids, "rounds": self.rounds, "synced": list(self._synced),
+                 "phase": self._phase, "open": [open_[k].describe() for k in sorted(open_)],
+                 "last_sync": self._last_sync, "schedule": self._schedule()}
+        self._welcome(state)
+        self.welcomed += 1
+
+    def _schedule(self) -> dict:
+        return {"sync_every": self.sync_every, "fragments": [list(f) for f in self.fragments],
+                "overlap": self.overlap, "names": [n for n, _ in self.params]}
+
+    def _welcome(self, state: dict | None) -> dict:
+        """Rank 0's schedule and global parameters to every worker (a collective of the new job: the
+        others' copies are thrown away; only the newcomer takes them)."""
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                got = functions.broadcast_object(state, root_rank=0, name=f"{self.name}.welcome.state")
+                glob = [(n, (self._global[i] if self._global else p.detach()).clone())
+                        for i, (n, p) in enumerate(self.params)]
+                broadcast_parameters(glob, root_rank=0, prefix=f"{self.name}.welcome.")
+                return {"state": got, "global": [t for _, t in glob]}
+            except WorkersChanged as e:
+                if attempt == MAX_RETRIES:
+                    raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times while a "
+                                         f"newcomer was welcomed: {e}") from e
+        raise AssertionError("unreachable")
+
+    def _come_in(self) -> None:
+        """This worker came into the running job: take rank 0's schedule and global parameters, push the
+        rounds open there (present, adding nothing), and go on from the others' step."""
+        got = self._welcome(None)
+        st = got["state"]
+        if st is None or not isinstance(st, dict):
+            raise PushPullError(f"{self.name}: rank 0 sent no schedule to this newcomer (rank {ops.rank()})")
+        mine = self._schedule()
+        for k in mine:
+            if st["schedule"].get(k) != mine[k]:
+                raise PushPullError(f"{self.name}: this newcomer's {k} ({mine[k]!r}) differs from the running "
+                                    f"job's ({st['schedule'].get(k)!r}); start it with the same DiLoCo settings")
+        with torch.no_grad():
+            for (_, p), g in zip(self.params, got["global"]):
+                p.copy_(g.view_as(p).to(device=p.device, dtype=p.dtype))
+        self._global = [p.detach().clone() for _, p in self.params]
+        self.steps, self._ids, self.rounds = int(st["steps"]), int(st["ids"]), int(st["rounds"])
+        self._synced = [int(s) for s in st["synced"]]
+        self._last_sync = st["last_sync"]
+        self.joined_at = self.steps
+        started = set()
+        for d in st["open"]:  # oldest first, as the others pushed them
+            rnd = _Round(int(d["rid"]), [int(i) for i in d["idx"]], int(d["step"]), d["fragment"], d["due"],
+                         present_only=True)
+            rnd.tensors = [torch.zeros_like(self.params[i][1]).detach().contiguous() for i in rnd.idx]
+            self._send(rnd)
+            if rnd.fragment is not None and rnd.due is not None:
+                self._inflight[int(rnd.fragment)] = rnd
+            else:
+                self._finish(rnd, mixed=False)
+            if rnd.fragment is not None and rnd.step == self.steps:
+                started.add(int(rnd.fragment))
+        if st["phase"] == "step":  # rank 0 was in the middle of a step: its remaining rounds
+            self._rounds_due(started)
+        elif st["phase"] == "sync" and not any(d["fragment"] is None and d["step"] == self.steps for d in st["open"]):
+            self.sync()  # rank 0 was finishing answers before its sync round: the sync round follows
+        elif st["phase"] == "sync":
+            self._last_sync = self.steps
+        elif st["phase"] == "start":
+            self._last_sync = 0
 
     # ------------------------------------------------------------ optimizer --
     def step(self, closure=None):
         loss = self.inner.step(closure)
         self.steps += 1
         metrics.step_done()
-        for f in [f for f, (due, _) in self._inflight.items() if due <= self.steps]:
-            self._finish(self._inflight.pop(f)[1], mixed=True)
-        h, count = self.sync_every, len(self.fragments)
-        for f in range(count):
-            offset = self.steps - f * h // count
-            if offset > 0 and offset % h == 0:
-                self._round(f)
+        self._phase = "step"
+        self._rounds_due()
+        self._phase = ""
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -95,6 +95,10 @@ _CODE_OF = {name: code for code, (name, _) in DTYPES.items()}
 # 22-30 a hash of the scale factors.
 SIG_DTYPES = _dt.SIG_NAMES
 _SIG_SET = 1 << 31
+# An outer key's PUSH (DiLoCo) carries its round's id as req_id instead; this bit on it says "present, adds
+# nothing": a worker that came into the running job takes part in the round it arrived in without a
+# pseudo-gradient, so the mean stays the others' (pushpull.torch.diloco)
+OUTER_PRESENT_ONLY = 1 << 30
 
 
 def round_sig(root: int | None = None, dtype: str | None = None, average: bool | None = None,

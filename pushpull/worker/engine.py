@@ -92,6 +92,7 @@ class Engine:
         self.joined_ranks: set[int] = set()  # ranks in join() now (the scheduler's JOINED), for join()'s error
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.joined_late = False  # registered after its elastic job had started (a replacement)
+        self.arrivals = 0  # workers that came into the running job since this one started (elastic)
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
         self.local_reason = ""  # why not, when local_size > 1 and it is off
@@ -577,6 +578,7 @@ class Engine:
         # (decided as the servers decide: every rank the one it registered as, the size unchanged)
         keep_shared = ("joined_last" in d and int(d["num_workers"]) == self.averager.size
                        and all(int(first) == int(now) for first, now in d["ranks"].items()))
+        self.arrivals += len(d.get("came_in", ()))  # before any operation fails: its catcher reads it
         self.kv.gen = int(d["gen"])
         self.kv.rank = int(new_rank)
         self.averager.resize(int(d["num_workers"]))

@@ -82,6 +82,25 @@ def test_a_lost_worker_costs_one_rounds_share_and_the_others_go_on():
     assert len(re.findall(r"CASE churn ok ", out)) == 2 and "CASE churn FAIL" not in out, out[-3000:]
 
 
+@pytest.mark.parametrize("config", list(diloco_worker.JOIN_CONFIGS))
+def test_a_replacement_comes_in_where_the_others_are_and_counts_from_its_next_round(config):
+    """--min-workers 2 --restart-workers 1: the worker started as rank 2 is SIGKILLed after 8 inner steps; the
+    launcher starts it again and it comes into the running DiLoCo job as rank 2 at the others' step. All three
+    end with the parameters of a reference that averages the two survivors until the newcomer's first round
+    and all three after it, so the newcomer neither diluted the round it came in (it pushes that one present
+    but adding nothing) nor missed a later one (tests/scripts/diloco_worker.py join)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--restart-workers", "1", "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--",
+            sys.executable, str(WORKER), "join", config]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "CASE join FAIL" not in out, out[-4000:]
+    oks = dict(re.findall(r"CASE join ok rank (\d) of 3 \((newcomer at step \d+|welcomed 1)\)", out))
+    assert sorted(oks) == ["0", "1", "2"], out[-4000:]
+    assert oks["0"] == oks["1"] == "welcomed 1" and oks["2"].startswith("newcomer"), oks
+
+
 def test_a_straggler_past_the_round_deadline_does_not_hold_the_others():
     """DiLoCo(round_deadline="auto"), 3 workers, the worker of rank 2 stalls 6 s before a round: the others'
     round completes after the deadline (the 2 s floor) without it, the server says so naming it, and after

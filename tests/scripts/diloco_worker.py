@@ -25,10 +25,13 @@ def batch(rank: int, step: int):
 FRAGMENTS_OF_THE_MODEL = {1: [[0, 1, 2, 3]], 2: [[0], [1, 2, 3]]}  # by size: weight 30 | 5 + 10 + 2
 
 
-def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: float = 0.5, alive=None):
-    """Every rank's parameters after ROUNDS * H inner steps and a final sync, and the outer rounds taken,
+def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: float = 0.5, alive=None,
+              total: int = ROUNDS * H, came_in: tuple | None = None):
+    """Every rank's parameters after ``total`` inner steps and a final sync, and the outer rounds taken,
     computed here alone: all ranks' inner steps replayed, torch.optim.SGD as each fragment's outer optimizer.
-    ``alive(step)``: the ranks whose pushes a round at that step averages (default: all)."""
+    ``alive(step)``: the ranks whose pushes a round at that step averages (default: all). ``came_in=(rank,
+    step)``: that rank came into the job after that step's inner steps: it holds the global parameters it has
+    received, and takes (not mixes) the answers of the rounds started until then."""
     alive = alive or (lambda s: list(range(n)))
     frags = FRAGMENTS_OF_THE_MODEL[fragments]
     glob = list(model(0).parameters())  # rank 0's start, which the broadcast gives everyone
@@ -42,6 +45,7 @@ def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: fl
                 p.copy_(g)
         locals_.append(m)
     rounds, inflight = 1, {}
+    received = [g.detach().clone() for g in glob]  # the global parameters as the workers hold them
 
     def outer_round(f: int, s: int) -> list[torch.Tensor]:
         present = [locals_[w] for w in alive(s)]
@@ -51,31 +55,41 @@ def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: fl
         outer_opts[f].step()
         return [glob[i].detach().clone() for i in frags[f]]
 
-    def arrive(f: int, new: list[torch.Tensor], merge: bool) -> None:
+    def arrive(f: int, new: list[torch.Tensor], merge: bool, started: int = 0, at: int = 0) -> None:
         nonlocal rounds
         rounds += 1
         with torch.no_grad():
-            for m in locals_:
+            for i, v in zip(frags[f], new):
+                received[i].copy_(v)
+            for w, m in enumerate(locals_):
                 ps = list(m.parameters())
+                # the newcomer takes the answers of the rounds open when it came in (it had no drift to mix)
+                takes = came_in is not None and w == came_in[0] and started <= came_in[1] <= at
                 for i, v in zip(frags[f], new):
-                    ps[i].copy_(mix * ps[i] + (1 - mix) * v if merge else v)
+                    ps[i].copy_(mix * ps[i] + (1 - mix) * v if merge and not takes else v)
 
-    for s in range(1, ROUNDS * H + 1):
+    for s in range(1, total + 1):
         for w, m in enumerate(locals_):
             inner_steps_one(m, w, s - 1)
-        for f in [f for f, (due, _) in inflight.items() if due <= s]:
-            arrive(f, inflight.pop(f)[1], merge=overlap > 0 and mix > 0)
+        if came_in is not None and s == came_in[1]:
+            with torch.no_grad():
+                for p, g in zip(locals_[came_in[0]].parameters(), received):
+                    p.copy_(g)
+        for f in [f for f, (due, _, _) in inflight.items() if due <= s]:
+            _, new, started = inflight.pop(f)
+            arrive(f, new, merge=overlap > 0 and mix > 0, started=started, at=s)
         for f in range(len(frags)):
             off = s - f * H // len(frags)
             if off > 0 and off % H == 0:
                 new = outer_round(f, s)
                 if overlap:
-                    inflight[f] = (s + overlap, new)
+                    inflight[f] = (s + overlap, new, s)
                 else:
                     arrive(f, new, merge=False)
     for f in sorted(inflight):  # the final sync: answers in flight first, then every fragment at once
-        arrive(f, inflight.pop(f)[1], merge=overlap > 0 and mix > 0)
-    news = [outer_round(f, ROUNDS * H + 1) for f in range(len(frags))]
+        _, new, started = inflight.pop(f)
+        arrive(f, new, merge=overlap > 0 and mix > 0, started=started, at=total + 1)
+    news = [outer_round(f, total + 1) for f in range(len(frags))]
     for f, new in enumerate(news):
         arrive(f, new, merge=False)
     rounds -= len(frags) - 1  # the final sync is one round of every fragment
@@ -146,10 +160,52 @@ def churn() -> None:
           f"change(s) taken, {opt.rounds} rounds ({rounds} due), {worst:.1e} from the reference", flush=True)
 
 
+JOIN_STEPS, JOIN_DIE_AT = 150, 8  # nothing in flight after step 8 in either configuration
+JOIN_CONFIGS = {"diloco": {}, "streaming-overlap": {"fragments": 2, "overlap": 1, "mix": 0.5}}
+
+
+def join(config: str) -> None:
+    """3 workers, --min-workers 2 --restart-workers 1: the worker started as rank 2 is SIGKILLed after its 8th
+    inner step; the launcher starts it again, and it comes into the running job as rank 2 where the others
+    are (DiLoCo's welcome). It counts from its first round after coming in; before that, the rounds average
+    the two others. All three end with the reference's parameters, which replays exactly that, and with the
+    same step and round counts. The steps are slowed (50 ms) so that the newcomer comes in mid-run."""
+    import os
+    import signal
+    import time
+
+    streaming = JOIN_CONFIGS[config]
+    rank = bps.rank()
+    m = model(rank)
+    opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H,
+                     name=f"join-{config}", **DILOCO, **streaming)
+    newcomer = opt.joined_at is not None
+    while opt.steps < JOIN_STEPS:
+        if opt.steps == JOIN_DIE_AT and rank == 2 and not newcomer:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch(rank, opt.steps)  # the job's step: a newcomer's batches are those the reference replays
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+        time.sleep(0.05)
+    opt.sync()
+    n = bps.size()
+    came = bps.broadcast_object(opt.joined_at, root_rank=n - 1, name="join.came_in")
+    if n != 3 or came is None:
+        print(f"CASE join FAIL rank {bps.rank()}: no newcomer came in ({n} workers)", flush=True)
+        return
+    want, rounds = reference(3, DILOCO, **streaming, total=JOIN_STEPS, came_in=(2, came),
+                             alive=lambda s: [0, 1, 2] if s <= JOIN_DIE_AT or s > came else [0, 1])
+    worst = max(float((a.detach() - b).abs().max()) for a, b in zip(m.parameters(), want[bps.rank()]))
+    ok = opt.rounds == rounds and worst < 1e-5 and opt.steps == JOIN_STEPS
+    print(f"CASE join {'ok' if ok else 'FAIL'} rank {bps.rank()} of {n} ({'newcomer at step ' + str(came) if newcomer else f'welcomed {opt.welcomed}'}): "
+          f"{opt.rounds} rounds ({rounds} due), {worst:.1e} from the reference", flush=True)
+
+
 def main() -> None:
     bps.init()
-    if sys.argv[1:] == ["churn"]:
-        churn()
+    if sys.argv[1:2] in (["churn"], ["join"]):
+        churn() if sys.argv[1] == "churn" else join(sys.argv[2])
         bps.shutdown()
         print("ALL-DONE", flush=True)
         return

@@ -61,13 +61,21 @@ def test_fragments_are_contiguous_balanced_and_never_empty(sizes, count, want):
     assert _fragments(sizes, count) == want
 
 
-def test_a_worker_that_came_into_a_running_job_is_refused_naming_why(bps, monkeypatch):
-    """DiLoCo takes leaving workers, not joining ones (yet): a late worker fails at once instead of leaving the
-    others' next round waiting for it."""
+@pytest.mark.parametrize("setting,theirs", [("sync_every", 7), ("overlap", 1), ("fragments", [[0, 1], [2, 3]])])
+def test_a_newcomer_with_other_settings_than_the_running_job_is_refused_naming_the_setting(bps, monkeypatch, setting,
+                                                                                           theirs):
+    """A worker that comes into a running DiLoCo job follows the schedule rank 0 sends it; with other settings it
+    would push other rounds than the others wait for, so it fails at once, naming the setting."""
     from types import SimpleNamespace
 
-    from pushpull.torch import ops
+    from pushpull.torch import diloco, ops
 
-    monkeypatch.setattr(ops, "engine", lambda: SimpleNamespace(joined_late=True))
-    with pytest.raises(bps.PushPullError, match="join a running job"):
-        _make(bps)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    mine = {"sync_every": 4, "fragments": [[0, 1, 2, 3]], "overlap": 0, "names": [n for n, _ in m.named_parameters()]}
+    state = {"steps": 8, "ids": 3, "rounds": 3, "synced": [8], "phase": "step", "open": [], "last_sync": 0,
+             "schedule": {**mine, setting: theirs}}
+    monkeypatch.setattr(ops, "engine", lambda: SimpleNamespace(joined_late=True, arrivals=0))
+    monkeypatch.setattr(diloco.functions, "broadcast_object", lambda obj, root_rank, name: state)
+    monkeypatch.setattr(diloco, "broadcast_parameters", lambda params, root_rank, prefix: None)
+    with pytest.raises(bps.PushPullError, match=f"newcomer's {setting}"):
+        bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), sync_every=4)

@@ -104,6 +104,30 @@ def test_an_open_round_is_dropped_by_a_change_and_completes_with_the_workers_lef
     assert list(_push(ks, 2, 1, [3, 3, 3]).out) == [0, 0, 0]
 
 
+@pytest.mark.parametrize("newcomer_first", [True, False])
+def test_a_newcomers_push_present_only_completes_the_round_without_counting(newcomer_first):
+    """A worker that came into the running job pushes the round it arrived in present but adding nothing: the
+    round waits for it (every worker of the job) and steps on the others' mean, whatever the order."""
+    ks = _outer_key(3)
+    for r in range(3):
+        _push(ks, 1, r, [2, 2, 2])
+    newcomer = lambda: ks.outer_push(2, 2, np.full(3, 50, np.float32), (b"w", 2, 2, 1), counts=False)  # noqa: E731
+    if newcomer_first:
+        assert newcomer() is None
+    _push(ks, 2, 0, [1, 1, 1])
+    last = _push(ks, 2, 1, [3, 3, 3]) if newcomer_first else (_push(ks, 2, 1, [3, 3, 3]), newcomer())[1]
+    assert list(last.out) == [0, 0, 0] and sorted(w[1] for w in last.waiting) == [0, 1, 2]
+
+
+def test_a_deadline_round_with_only_a_newcomers_push_keeps_the_parameters():
+    ks = _deadline_key(1.0)
+    for r in range(3):
+        ks.outer_push(1, r, np.full(3, 4.0, dtype=np.float32), ("w", r))
+    ks.outer_push(2, 2, np.zeros(3, dtype=np.float32), ("w", 2), counts=False)
+    (slot, missing), = ks.outer_overdue(ks.outer_rounds[2].opened + 1.5)
+    assert missing == [0, 1] and list(slot.out) == [4, 4, 4] and ks.outer.rounds == 1
+
+
 @pytest.mark.parametrize("first,rid,needle", [(False, 2, "holds no global parameters"),
                                               (True, 1, "older than the last one stepped")])
 def test_rounds_that_cannot_be_stepped_are_refused(first, rid, needle):
