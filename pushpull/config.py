@@ -75,6 +75,13 @@ def _float_pos(s: str) -> float:
     return v
 
 
+def _float_nonneg(s: str) -> float:
+    v = float(s)
+    if not v >= 0 or v == float("inf"):
+        raise ValueError("expected a number >= 0")
+    return v
+
+
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(s: str) -> str:
         v = s.strip().lower()
@@ -379,6 +386,13 @@ SETTINGS: tuple[Setting, ...] = (
       "renumbered, averages over the survivors; in-flight operations raise WorkersChanged, which "
       "pushpull.torch.elastic.run turns into a restore of the last commit) instead of ending. "
       "`pushpull launch --min-workers M` sets it."),
+    S("scheduler_recovery", [], 0.0, _float_nonneg, "seconds >= 0 (0 = off)",
+      "A lost scheduler: nodes keep training and wait this long for a new one at the same address, then "
+      "register with it again (it rebuilds the membership from them); 0: a lost scheduler ends the job. "
+      "`pushpull launch --restart-scheduler` sets 30 and starts the new scheduler (docs/elastic.md)."),
+    S("scheduler_recover", [], False, _bool, "0 | 1",
+      "This scheduler replaces a lost one: it takes the job's membership from the nodes that register again "
+      "instead of starting a job (the launcher sets it on the scheduler it restarts)."),
     # --- liveness
     S("timeout", [], 120.0, _float_pos, "seconds > 0",
       "Longest wait for any reply (registration, barrier, a push_pull) before an error names what is missing."),
@@ -502,6 +516,8 @@ class Config:
     secret_file: str | None
     # --- elastic training
     min_workers: int
+    scheduler_recovery: float
+    scheduler_recover: bool
     # --- liveness
     timeout: float
     register_timeout: float

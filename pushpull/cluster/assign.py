@@ -50,6 +50,7 @@ class Assigner:
         self.load = [0] * num_servers
         self.tensors: dict[str, dict] = {}
         self.dead: set[int] = set()  # servers lost (elastic): nothing is assigned to them any more
+        self.next_key = 1  # a new tensor's key (never one a server may still hold)
 
     def _alive(self) -> list[int]:
         return [j for j in range(self.num_servers) if j not in self.dead]
@@ -89,7 +90,8 @@ class Assigner:
             return known["result"]
         if self.num_servers == 0:
             return {"error": f"tensor {name!r}: there are no servers (DMLC_NUM_SERVER=0)"}
-        key = len(self.tensors) + 1
+        key = self.next_key
+        self.next_key += 1
         servers = []
         for i, nbytes in enumerate(decl["parts"]):
             alive = self._alive()
@@ -105,6 +107,29 @@ class Assigner:
                               "since": time.monotonic(),
                               "writers": frozenset(int(r) for r in writers) if isinstance(writers, list) else None}
         return result
+
+    def restore(self, reports: list[tuple[int, dict]], max_key: int, dead: set[int]) -> None:
+        """A scheduler that took a running job over: the placements the workers hold (``reports``: (rank, tensor)
+        with its declaration, key and servers), the highest tensor key any server holds, the servers lost.
+        Later declarations of these tensors get the same answer; new ones get keys above every old one."""
+        now = time.monotonic()
+        self.dead = set(dead)
+        for rank, t in reports:
+            name = str(t["name"])
+            known = self.tensors.get(name)
+            if known is not None:
+                known["ranks"].add(rank)
+                continue
+            decl = {"shape": list(t["shape"]), "dtype": str(t["dtype"]), "parts": [int(p) for p in t["parts"]]}
+            result = {"key": int(t["key"]), "servers": [int(x) for x in t["servers"]]}
+            writers = t.get("writers")
+            self.tensors[name] = {"rank": rank, "decl": decl, "result": result, "ranks": {rank}, "since": now,
+                                  "writers": frozenset(int(r) for r in writers) if isinstance(writers, list) else None}
+            for nbytes, srv in zip(decl["parts"], result["servers"]):
+                if 0 <= srv < self.num_servers:
+                    self.load[srv] += nbytes
+            max_key = max(max_key, result["key"])
+        self.next_key = max_key + 1
 
     def misnamed(self, num_workers: int, after_s: float) -> list[tuple[str, set, str, set]]:
         """Pairs of tensors each declared by only some workers for ``after_s`` seconds, by disjoint sets of

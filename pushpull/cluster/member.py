@@ -61,6 +61,14 @@ class Member:
         self._last_heard = time.monotonic()
         self._lock = threading.Lock()
         self._failure_callbacks: list[Callable[[str], None]] = []
+        # a lost scheduler (PUSHPULL_SCHEDULER_RECOVERY > 0): this node keeps working and registers again with the
+        # new one, telling it what the owner's ``recover_state()`` says (its generation, its tensors' places, ...);
+        # the owner's ``on_recovered`` callbacks then send again what the lost scheduler never answered
+        self.recover_state: Callable[[], dict] | None = None
+        self._recovered_callbacks: list[Callable[[], None]] = []
+        self._barrier_groups: dict[int, str] = {}
+        self._finishing = False
+        self.recoveries = 0  # schedulers this node has re-registered with
         identity = f"{info['role']}-{os.getpid()}-{id(self)}".encode()
         addr = f"tcp://{cfg.root_uri}:{cfg.root_port}"
         van.connect_dealer(SCHED, addr, identity, self._handle)
@@ -101,6 +109,7 @@ class Member:
             self._barrier_seq += 1
             seq = self._barrier_seq
             ev = self._barriers[seq] = threading.Event()
+            self._barrier_groups[seq] = group
         self.van.send(SCHED, Header(MsgType.BARRIER, sender=self.node_id or 0, key=seq),
                       [encode_json({"group": group})])
         deadline = time.monotonic() + self.cfg.timeout
@@ -115,12 +124,23 @@ class Member:
 
     def finish(self, timeout: float | None = None) -> None:
         """Tell the scheduler this worker is done and wait until every worker is."""
+        self._finishing = True
         self.van.send(SCHED, Header(MsgType.FINISH, sender=self.node_id or 0))
         if not self.terminated.wait(timeout or self.cfg.timeout):
             log.warning("scheduler did not confirm shutdown within the timeout; leaving anyway")
 
     def on_failure(self, fn: Callable[[str], None]) -> None:
         self._failure_callbacks.append(fn)
+
+    def on_recovered(self, fn: Callable[[], None]) -> None:
+        """``fn()`` runs on the I/O thread once a new scheduler took this node back (send again what the
+        lost one never answered)."""
+        self._recovered_callbacks.append(fn)
+
+    @property
+    def scheduler_lost(self) -> bool:
+        """The scheduler's connection is down and a new one is awaited (PUSHPULL_SCHEDULER_RECOVERY)."""
+        return self._lost_since is not None and self.cfg.scheduler_recovery > 0
 
     def raise_if_failed(self) -> None:
         if self.failure:
@@ -142,12 +162,19 @@ class Member:
         """The scheduler's connection closed, or our credentials were refused: fail in about a second
         (a reconnect within it cancels), instead of after PUSHPULL_HEARTBEAT_TIMEOUT."""
         where = f"{self.cfg.root_uri}:{self.cfg.root_port}"
+        recovery = self.cfg.scheduler_recovery if self._registered.is_set() and not self.failure else 0.0
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._lost_since = None
+            if self._lost_since is not None and recovery:
+                self._register_again()  # a scheduler at the address again: a new one (or the old one back)
+            else:
+                self._lost_since = None
         elif event == zmq.EVENT_DISCONNECTED:
             if not self.terminated.is_set() and self._lost_since is None:
                 self._lost_since = time.monotonic()
-                self.van.call_later(LOST_GRACE_S, self._check_lost)
+                if recovery:
+                    log.warning("the connection to the scheduler at %s closed; working on and waiting up to %.0fs "
+                                "for a new one (PUSHPULL_SCHEDULER_RECOVERY)", where, recovery)
+                self.van.call_later(recovery or LOST_GRACE_S, self._check_lost)
         elif not self._registered.is_set() or event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self.fail(f"the scheduler at {where} refused this node's credentials: is PUSHPULL_SECRET the same "
                       f"as the scheduler's (and PUSHPULL_AUTH too)?")
@@ -155,14 +182,67 @@ class Member:
 
     def _check_lost(self) -> None:
         if self._lost_since is not None and not self.terminated.is_set():
+            waited = time.monotonic() - self._lost_since
+            if self.cfg.scheduler_recovery and waited < self.cfg.scheduler_recovery - 0.01:
+                return  # a new scheduler took this node back and lost it again: that loss has its own check
             self.fail(f"the connection to the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} closed "
-                      f"{time.monotonic() - self._lost_since:.1f}s ago and did not come back: it exited or was "
-                      f"killed")
+                      f"{waited:.1f}s ago and did not come back"
+                      + (f" (with a new scheduler that took this node back, within PUSHPULL_SCHEDULER_RECOVERY="
+                         f"{self.cfg.scheduler_recovery:g}s)" if self.cfg.scheduler_recovery else "")
+                      + ": it exited or was killed")
+
+    def _register_again(self) -> None:
+        """Tell the new scheduler who this node is and where the job stands for it (on the I/O thread)."""
+        state = dict(self.info, recover=True, node_id=self.node_id, job_id=(self.book or {}).get("job_id"),
+                     barrier_seq=self._barrier_seq, finished=self._finishing)
+        if self.recover_state is not None:
+            state.update(self.recover_state())
+        log.warning("a scheduler answers at %s:%d again; registering with it (%.1fs after the loss)",
+                    self.cfg.root_uri, self.cfg.root_port, time.monotonic() - (self._lost_since or 0.0))
+        self.van.send(SCHED, Header(MsgType.REGISTER, sender=self.node_id if self.node_id is not None else -2),
+                      [encode_json(state)])
+
+    def _taken_back(self, book: dict) -> None:
+        """The new scheduler took this node back: send again what the lost one never answered."""
+        lost = time.monotonic() - (self._lost_since or time.monotonic())
+        self._lost_since = None
+        self.recoveries += 1
+        self._last_heard = time.monotonic()
+        log.warning("the new scheduler took this node back (%.1fs after the loss; generation %s)", lost,
+                    book.get("gen"))
+        with self._lock:
+            pending = sorted(self._barriers)
+        for seq in pending:
+            self.van.send(SCHED, Header(MsgType.BARRIER, sender=self.node_id or 0, key=seq),
+                          [encode_json({"group": self._barrier_groups.get(seq, "worker")})])
+        if self._finishing:
+            self.van.send(SCHED, Header(MsgType.FINISH, sender=self.node_id or 0))
+        for fn in self._recovered_callbacks:
+            try:
+                fn()
+            except Exception:
+                log.exception("recovery callback failed")
 
     def _heartbeat(self) -> None:
         if self.terminated.is_set():
             return
+        if self.scheduler_lost:
+            return  # nothing to tell a scheduler that is not there; the recovery deadline watches instead
         silent = time.monotonic() - self._last_heard
+        if silent > self.cfg.heartbeat_timeout and self._registered.is_set() and self.cfg.scheduler_recovery \
+                and not self.failure:
+            # hung (stopped, or its host unreachable): name it, so that a launcher that restarts schedulers
+            # kills it and starts a new one; meanwhile work on, as for a closed connection
+            pid = (self.book or {}).get("scheduler_pid")
+            reason = (f"the scheduler has been silent for {silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT="
+                      f"{self.cfg.heartbeat_timeout:g}): hung")
+            if pid and self.cfg.root_uri in ("127.0.0.1", "localhost", socket.gethostname()):
+                print_culprit(int(pid), reason)
+            log.warning("%s; working on and waiting up to %.0fs for a new one (PUSHPULL_SCHEDULER_RECOVERY)", reason,
+                        self.cfg.scheduler_recovery)
+            self._lost_since = time.monotonic()
+            self.van.call_later(self.cfg.scheduler_recovery, self._check_lost)
+            return
         if silent > self.cfg.heartbeat_timeout and self._registered.is_set():
             self.fail(f"the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} has been silent for "
                       f"{silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); it has died")
@@ -173,7 +253,13 @@ class Member:
     def _handle(self, msg: Msg) -> None:
         self._last_heard = time.monotonic()
         t = msg.header.type
-        if t == MsgType.REGISTER_ACK:
+        if t == MsgType.REGISTER_ACK and self._registered.is_set():
+            book = decode_json(msg.body())
+            if book.get("recovered"):
+                self._taken_back(book)
+            else:
+                log.warning("a second address book from the scheduler ignored")
+        elif t == MsgType.REGISTER_ACK:
             self.book = decode_json(msg.body())
             self.node_id = int(self.book["node_id"])
             with self._lock:  # a late worker counts its barriers on from where the others are
@@ -186,6 +272,7 @@ class Member:
         elif t == MsgType.BARRIER_RELEASE:
             with self._lock:
                 ev = self._barriers.pop(msg.header.key, None)
+                self._barrier_groups.pop(msg.header.key, None)
             if ev:
                 ev.set()
         elif t == MsgType.NODE_FAILED:
@@ -200,6 +287,8 @@ class Member:
                 self.on_message(msg)
         elif t == MsgType.PROGRESS:
             log.warning("%s", decode_json(msg.body()).get("text", ""))
+        elif t == MsgType.ERROR and self._lost_since is not None and decode_json(msg.body()).get("recover"):
+            self.fail(f"the new scheduler did not take this node back: {decode_json(msg.body()).get('error')}")
         elif t == MsgType.ERROR and not self._registered.is_set():
             d = decode_json(msg.body())
             self.fail(f"registration failed: {d.get('error')}")

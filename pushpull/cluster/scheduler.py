@@ -9,6 +9,7 @@ two workers is reported to every worker, a silent node is declared dead.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import secrets
 import time
@@ -85,8 +86,15 @@ class Scheduler:
         self.max_workers: int | None = None  # elastic: the job's size at its start, the most a join refills
         self._joining: list[NodeInfo] = []  # workers admitted into the job by the generation now being applied
         self._join_queue: list[tuple[bytes, dict]] = []  # registrations that wait for a change to finish
+        # PUSHPULL_SCHEDULER_RECOVER: this scheduler replaces a lost one; the job's nodes, which kept training,
+        # register again and say where the job stands (docs/elastic.md, "A lost scheduler")
+        self.recovering = bool(cfg.scheduler_recover)
+        self._rejoined: dict[bytes, dict] = {}  # identity -> what the node said, until the membership is rebuilt
 
     def run(self) -> int:
+        if self.recovering:
+            log.warning("scheduler listening on %s:%d to take over a running job: waiting for its nodes to "
+                        "register again", self.cfg.root_uri, self.port)
         log.info("scheduler listening on %s:%d, expecting %d server(s)", self.cfg.root_uri, self.port, self.num_servers)
         self.van.run_forever()
         return self.exit_code
@@ -106,8 +114,9 @@ class Scheduler:
         log.error("refused a registration: %s", text)
         self._error(identity, text)
 
-    def _error(self, identity: bytes, text: str, key: int = 0) -> None:
-        self._send(identity, Header(MsgType.ERROR, key=key), [encode_json({"error": text})])
+    def _error(self, identity: bytes, text: str, key: int = 0, recover: bool = False) -> None:
+        body = {"error": text, **({"recover": True} if recover else {})}
+        self._send(identity, Header(MsgType.ERROR, key=key), [encode_json(body)])
 
     def _stop(self, code: int) -> None:
         self.exit_code = code
@@ -123,6 +132,8 @@ class Scheduler:
         try:
             if t == MsgType.REGISTER:
                 self._register(identity, decode_json(msg.body()))
+            elif node is None and self.recovering:
+                pass  # queued while the old scheduler was gone, before this node registered again: it sends it again
             elif node is None:
                 self._error(identity, f"{t.name} from an unregistered node")
             elif t == MsgType.HEARTBEAT:
@@ -145,6 +156,12 @@ class Scheduler:
 
     # ------------------------------------------------------------ registration --
     def _register(self, identity: bytes, info: dict) -> None:
+        if info.get("recover"):
+            self._rejoin(identity, info)
+            return
+        if self.recovering:
+            self._join_queue.append((identity, info))  # a late worker: once the membership is rebuilt
+            return
         role = info.get("role")
         if identity in self.by_identity:
             self._refuse(identity, f"{self.by_identity[identity].who} is registered already")
@@ -230,13 +247,16 @@ class Scheduler:
                    for r, w in sorted(self.workers.items())]
         return {"node_id": node.node_id, "num_workers": self.num_workers, "num_servers": self.num_servers,
                 "job_id": self.job_id, "gen": self.gen, "servers": servers, "workers": workers,
-                "barrier_seq": self.barrier_top}
+                "barrier_seq": self.barrier_top, "scheduler_pid": os.getpid()}
 
     def _start_job(self) -> None:
         self.ready = True
         self.max_workers = self.num_workers
         self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
+        now = time.monotonic()
         for node in self._all():
+            # a node sends heartbeats once it has its book: the wait for the last registration is not silence
+            node.last_seen = now
             self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(self._book(node))])
         log.info("job started: %d workers, %d servers", self.num_workers, self.num_servers)
 
@@ -296,6 +316,10 @@ class Scheduler:
 
     def _check(self) -> None:
         now = time.monotonic()
+        if self.recovering:
+            if now - self.started > self.cfg.register_timeout:
+                self._recovered(force=True)
+            return
         if not self.ready:
             waited = now - self.started
             if waited > self.cfg.register_timeout:
@@ -374,6 +398,99 @@ class Scheduler:
                                          "hostname": n.info.get("hostname"), "reason": reason})])
         self._stop(1)
 
+    # ------------------------------------------------------------ a lost scheduler --
+    def _rejoin(self, identity: bytes, info: dict) -> None:
+        """A node that lost its scheduler registers again, saying where the job stands for it. A recovering
+        scheduler collects them until every worker and server is back; one that never went away (the
+        connection only dropped) takes a node it knows back at once."""
+        known = self.by_identity.get(identity)
+        if not self.recovering:
+            if known is None:
+                self._error(identity, "this scheduler does not know this node (it started its own job, or took "
+                                      "the job over without it)", recover=True)
+                return
+            known.last_seen = time.monotonic()
+            self._send(known, Header(MsgType.REGISTER_ACK), [encode_json(dict(self._book(known), recovered=True))])
+            return
+        jobs = {str(i.get("job_id")) for i in self._rejoined.values()}
+        if jobs and str(info.get("job_id")) not in jobs:
+            self._error(identity, f"this node belongs to job {info.get('job_id')}, the others that registered again "
+                                  f"to {sorted(jobs)}", recover=True)
+            return
+        self._rejoined[identity] = info
+        self._recovered(force=False)
+
+    def _recovered(self, force: bool) -> None:
+        """Rebuild the membership from the nodes that registered again, once every worker (as many as they say
+        the job has) and every live server is back, or at the deadline (``force``) with those that are: in an
+        elastic job the missing ones are lost as any node is (a new generation); otherwise the job ends, naming
+        them."""
+        infos = list(self._rejoined.items())
+        workers = [(ident, i) for ident, i in infos if i.get("role") == "worker"]
+        servers = {int(i["node_id"]) - nodes.SERVER_BASE: (ident, i) for ident, i in infos if i.get("role") == "server"}
+        size = max((int(i.get("size_now", 0)) for _, i in workers), default=0)
+        lost_servers = {int(x) for _, i in workers for x in i.get("servers_lost", ())}
+        want_servers = set(range(self.num_servers)) - lost_servers
+        ranks = {int(i["node_id"]) for _, i in workers}
+        complete = workers and len(workers) >= size and want_servers <= set(servers)
+        if not complete and not force:
+            return
+        missing_w = sorted(set(range(size)) - ranks)
+        missing_s = sorted(want_servers - set(servers))
+        waited = time.monotonic() - self.started
+        elastic = self.cfg.min_workers
+        if not workers or (missing_w and not (elastic and len(workers) >= self.cfg.min_workers)) or \
+                (missing_s and not (elastic and servers)):
+            text = (f"the new scheduler could not take the job over within {waited:.0f}s (PUSHPULL_REGISTER_TIMEOUT="
+                    f"{self.cfg.register_timeout:g}): worker rank(s) {missing_w} and server(s) {missing_s} did not "
+                    f"register again" + ("" if workers else " (no worker did)"))
+            log.error(text)
+            for ident, _ in infos:
+                self._error(ident, text, recover=True)
+            self.recovering = False
+            self._stop(1)
+            return
+        self.recovering = False
+        self.job_id = str(workers[0][1].get("job_id") or self.job_id)
+        self.gen = max(int(i.get("gen", 0)) for _, i in infos)
+        gens = {int(i.get("gen", 0)) for _, i in infos}
+        self.barrier_top = max(int(i.get("barrier_seq", 0)) for _, i in workers)
+        self.servers = []
+        for index in range(self.num_servers):
+            ident, i = servers.get(index, (b"", {"host": "", "port": 0}))
+            node = NodeInfo(ident, "server", nodes.server_node(index), i, dead=index not in servers)
+            self.servers.append(node)
+            if ident:
+                self.by_identity[ident] = node
+        for ident, i in sorted(workers, key=lambda w: int(w[1]["node_id"])):
+            node = NodeInfo(ident, "worker", int(i["node_id"]), i, finished=bool(i.get("finished")))
+            self.workers[node.node_id] = node
+            self.by_identity[ident] = node
+        self.num_workers = size
+        self.max_workers = max(int(i.get("size", size)) for _, i in workers)  # the size it registered with first
+        self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
+        self.assigner.restore([(int(i["node_id"]), t) for _, i in workers for t in i.get("tensors", ())],
+                              max(int(i.get("max_key", 0)) for _, i in infos),
+                              {index for index in range(self.num_servers) if index not in servers})
+        self.ready = True
+        for node in self._all():
+            self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(dict(self._book(node), recovered=True))])
+        log.warning("took the running job over %.1fs after starting: %d worker(s), %d server(s), generation %d",
+                    waited, len(workers), len(servers), self.gen)
+        holders = [NodeInfo(b"", "worker", rank, {"rank": rank}) for rank in missing_w]
+        for h in holders:  # elastic: they are lost as any worker is (renumbered with the others meanwhile)
+            self.workers[h.node_id] = h
+        for h in holders:
+            self._shrink(h, "it did not register again with the new scheduler")
+        for index in missing_s:
+            self._lose_server(self.servers[index], "it did not register again with the new scheduler")
+        if not missing_w and not missing_s and len(gens) > 1:
+            # the old scheduler was lost while it applied a change: make one every node applies from the start
+            self._new_generation("the scheduler was replaced while a change of the job was applied", {})
+        queued, self._join_queue = self._join_queue, []
+        for identity, info in queued:  # late workers that came while the job was being taken over
+            self._register(identity, info)
+
     # ------------------------------------------------------------ elastic --
     def _shrink(self, lost: NodeInfo, reason: str) -> None:
         """Go on without worker ``lost``: a new generation, the survivors renumbered 0..n'-1 in their old
@@ -403,7 +520,7 @@ class Scheduler:
         moved = self.assigner.remove_server(index) if self.assigner is not None else {}
         log.warning("%s failed: %s; its %d partition(s) move to the other %d server(s)", lost.who, reason,
                     len(moved), len(self._live_servers()))
-        self._new_generation(f"{lost.who} failed: {reason}", moved)
+        self._new_generation(f"{lost.who} failed: {reason}", moved, {"lost_server": index})
 
     def _live_servers(self) -> list[NodeInfo]:
         return [s for s in self.servers if not s.dead]

@@ -35,6 +35,8 @@ _LAUNCHER_PID = os.getpid()
 
 
 RESTART_DELAY_S = 1.0  # --restart-workers: a replacement starts this long after its worker was lost
+SCHEDULER_RESTART_DELAY_S = 0.5  # --restart-scheduler: the new scheduler starts this long after the loss
+SCHEDULER_RECOVERY_S = 30  # --restart-scheduler: how long nodes wait for it (PUSHPULL_SCHEDULER_RECOVERY)
 
 
 @dataclass
@@ -79,8 +81,10 @@ def _signal_name(code: int) -> str:
 class Supervisor:
     """Starts children, relays their output, and tears everything down on failure."""
 
-    def __init__(self, prefix_output: bool = True, min_workers: int = 0, restart_workers: int = 0):
+    def __init__(self, prefix_output: bool = True, min_workers: int = 0, restart_workers: int = 0,
+                 restart_scheduler: int = 0):
         self.children: list[Child] = []
+        self.scheduler_restarts_left = restart_scheduler  # a lost scheduler started again, at most this many times
         self.min_workers = min_workers  # elastic: workers may die while at least this many remain
         self.restarts_left = restart_workers  # elastic: lost workers replaced, at most this many in all
         self._restart_at: list[tuple[float, Child]] = []  # (when, the lost worker) replacements due
@@ -125,6 +129,35 @@ class Supervisor:
                 return (f"{c.label} (pid {c.proc.pid}) failed first: {self.blamed[c.proc.pid]} [{state}]; "
                         f"{exited} because of it; stopping the others")
         return f"{exited}; stopping the others"
+
+    def _restart_scheduler(self, lost: Child, code: int) -> bool:
+        """--restart-scheduler: start a new scheduler at the same address (the same command and environment,
+        PUSHPULL_SCHEDULER_RECOVER=1), which takes the running job over from the nodes that register again."""
+        running = [w for w in self.children if w.is_worker and w not in self.lost and w.proc.poll() is None]
+        if self.scheduler_restarts_left <= 0 or not running:
+            return False
+        self.scheduler_restarts_left -= 1
+        self.lost.append(lost)
+        time.sleep(SCHEDULER_RESTART_DELAY_S)
+        n = sum(1 for c in self.children if c.label.startswith("scheduler"))
+        new = self.start(f"scheduler (restart {n})", lost.argv, dict(lost.env, PUSHPULL_SCHEDULER_RECOVER="1"), False)
+        self.say(f"{lost.label} (pid {lost.proc.pid}) exited with {_signal_name(code)}; started {new.label} "
+                 f"(pid {new.proc.pid}), which takes the running job over (--restart-scheduler)")
+        return True
+
+    def _kill_hung_scheduler(self) -> None:
+        """--restart-scheduler: a scheduler the nodes name as hung (silent past PUSHPULL_HEARTBEAT_TIMEOUT: stopped,
+        say) is killed, and its exit starts the new one."""
+        if self.scheduler_restarts_left <= 0:
+            return
+        for c in self.children:
+            if c.label.startswith("scheduler") and c not in self.lost and c.proc.poll() is None \
+                    and c.proc.pid in self.blamed:
+                self.say(f"{c.label} (pid {c.proc.pid}) is hung ({self.blamed.pop(c.proc.pid)}); killing it")
+                try:
+                    os.killpg(c.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _start_due_replacements(self) -> None:
         """--restart-workers: start a lost worker's replacement, the same command and environment, which joins
@@ -203,12 +236,15 @@ class Supervisor:
                             self.say(f"{c.label} (pid {c.proc.pid}) exited with {_signal_name(code)}; going on "
                                      f"with {len(left)} server(s), which take its partitions")
                             continue
+                    if code != 0 and c.label.startswith("scheduler") and self._restart_scheduler(c, code):
+                        continue
                     if code != 0:
                         # servers and the scheduler exit 0 only once every worker said FINISH
                         self.say(self._blame(c, code))
                         self.kill_all()
                         return code if code > 0 else 128 + (-code)
                 self._start_due_replacements()
+                self._kill_hung_scheduler()
                 workers = [c for c in self.children if c.is_worker and c not in self.lost]
                 if workers_done_at is None and all(w.proc.poll() == 0 for w in workers):
                     workers_done_at = time.monotonic()
@@ -247,7 +283,7 @@ def ensure_job_secret(env: dict) -> None:
 
 def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = None,
                  env_extra: dict | None = None, prefix_output: bool = True, min_workers: int = 0,
-                 restart_workers: int = 0) -> int:
+                 restart_workers: int = 0, restart_scheduler: int = 0) -> int:
     """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine (elastic with
     ``min_workers`` > 0: the job goes on while that many workers are alive)."""
     port = port or free_port()
@@ -269,7 +305,9 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "1",
                    "DMLC_NUM_SERVER": str(servers), "DMLC_WORKER_ID": "0", "BYTEPS_LOCAL_SIZE": str(workers),
                    "DMLC_NODE_HOST": "127.0.0.1"})
-    sup = Supervisor(prefix_output, min_workers, restart_workers)
+    if restart_scheduler:
+        common.setdefault("PUSHPULL_SCHEDULER_RECOVERY", str(SCHEDULER_RECOVERY_S))
+    sup = Supervisor(prefix_output, min_workers, restart_workers, restart_scheduler)
     _install_term_handler(sup)
     py = sys.executable
     need_cluster = workers > 1 or common.get("BYTEPS_FORCE_DISTRIBUTED", "0") not in ("0", "")
@@ -356,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-workers", type=int, default=0, metavar="N",
                    help="elastic training (with --min-workers): start a replacement for a lost worker, N times "
                         "at most in all; it joins the running job (docs/elastic.md)")
+    p.add_argument("--restart-scheduler", type=int, default=0, metavar="N",
+                   help="start a lost scheduler again at the same address, N times at most; the nodes keep "
+                        "training meanwhile and register with the new one (docs/elastic.md)")
     p.add_argument("command", nargs="*", help="the worker command (put it after --)")
     dashdash = bool(cmd)
     args, unknown = p.parse_known_args(argv)
@@ -386,8 +427,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--min-workers must be between 0 and --workers ({workers})")
     if args.restart_workers < 0 or (args.restart_workers and not args.min_workers):
         p.error("--restart-workers N needs --min-workers M (a replacement joins an elastic job) and N >= 0")
+    if args.restart_scheduler < 0:
+        p.error("--restart-scheduler N needs N >= 0")
     return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix, args.min_workers,
-                        args.restart_workers)
+                        args.restart_workers, args.restart_scheduler)
 
 
 def bpslaunch_main() -> None:

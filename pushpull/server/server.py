@@ -24,6 +24,7 @@ import zmq
 
 from pushpull import metrics
 from pushpull.cluster import nodes
+from pushpull.cluster.assign import PART_BITS
 from pushpull.cluster.address import advertised_host, bind_error, bind_host
 from pushpull.cluster.member import ClusterError
 from pushpull.config import Config
@@ -112,6 +113,9 @@ class Server:
         self.members = Members(self.van, cfg, info, on_registered=self._on_registered,
                                on_message=self._scheduler_message)
         self.keys: dict[int, KeyState] = {}
+        # a scheduler that takes the running job over learns the generation and the highest tensor key here
+        self.members.cluster.recover_state = lambda: {
+            "gen": self.members.gen, "max_key": max((k >> PART_BITS for k in list(self.keys)), default=0)}
         self.declarations = Declarations(cfg, self.members, self.keys, regions, self._reply, self._error)
         self.engines = [queue.SimpleQueue() for _ in range(cfg.server_engine_thread)]
         self._handoffs: dict[int, list] = {}  # engine -> requests of this pass (I/O thread only)

@@ -93,6 +93,9 @@ class Engine:
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.joined_late = False  # registered after its elastic job had started (a replacement)
         self.arrivals = 0  # workers that came into the running job since this one started (elastic)
+        self.servers_lost: set[int] = set()  # servers the job went on without (elastic)
+        self.member.recover_state = self._recover_state  # a lost scheduler's replacement asks where the job stands
+        self.member.on_recovered(lambda: self.kv.assign_again())
         self.on_reset: list = []  # fn(rank, size), called on the I/O thread when the workers changed
         self.local = None  # LocalReduce, when this machine's processes reduce together first
         self.local_reason = ""  # why not, when local_size > 1 and it is off
@@ -579,6 +582,8 @@ class Engine:
         keep_shared = ("joined_last" in d and int(d["num_workers"]) == self.averager.size
                        and all(int(first) == int(now) for first, now in d["ranks"].items()))
         self.arrivals += len(d.get("came_in", ()))  # before any operation fails: its catcher reads it
+        if "lost_server" in d:
+            self.servers_lost.add(int(d["lost_server"]))
         self.kv.gen = int(d["gen"])
         self.kv.rank = int(new_rank)
         self.averager.resize(int(d["num_workers"]))
@@ -596,6 +601,20 @@ class Engine:
             return
         for fn in self.on_reset:
             fn(self.rank, self.size)
+
+    def _recover_state(self) -> dict:
+        """What a scheduler that takes the running job over needs from this worker (I/O thread): its
+        generation and the job's size as it knows them, the servers lost, and where its tensors live."""
+        tensors = []
+        for e in list(self.table.entries.values()):
+            if e.assigned is None or e.state is FAILED:
+                continue
+            tensors.append({"name": e.name, "shape": list(e.shape), "dtype": e.dtype.name,
+                            "parts": [p.nbytes for p in e.parts], "key": e.assigned,
+                            "servers": [p.server for p in e.parts],
+                            **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})
+        return {"gen": self.gen, "size_now": self.size, "servers_lost": sorted(self.servers_lost),
+                "tensors": tensors}
 
     def _fail_all(self, reason: str) -> None:
         self.van.call_soon(lambda: self.pipeline.fail_all(reason))

@@ -105,6 +105,7 @@ class Pipeline:
         if e.state is FAILED:  # abandoned by its caller meanwhile (a deadline): it stays unusable
             return
         base = int(result["key"])
+        e.assigned = base
         parts = self.kv.parts
         for p, server in zip(e.parts, result["servers"]):
             p.key = part_key(base, p.index)

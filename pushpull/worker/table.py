@@ -132,6 +132,7 @@ class Entry:
     code: int = 0           # wire dtype code
     spec: KeySpec = PLAIN
     direct_header: object = None  # the direct path's PUSH header, reused call after call (DirectCalls.push_pull_now)
+    assigned: int | None = None  # its tensor key, once the scheduler placed it (told to a scheduler taking over)
 
 
 class Op:
