@@ -51,6 +51,9 @@ class Assigner:
         self.tensors: dict[str, dict] = {}
         self.dead: set[int] = set()  # servers lost (elastic): nothing is assigned to them any more
         self.next_key = 1  # a new tensor's key (never one a server may still hold)
+        # a worker came into the running job then: the tensors declared before it are not its to declare yet
+        # (it syncs first), so they are no evidence of workers naming tensors differently
+        self.fresh_since = 0.0
 
     def _alive(self) -> list[int]:
         return [j for j in range(self.num_servers) if j not in self.dead]
@@ -141,7 +144,7 @@ class Assigner:
         everyone = frozenset(range(num_workers))
         stuck = sorted((n, t["ranks"], t.get("writers") or everyone) for n, t in self.tensors.items()
                        if "error" not in t and not (t.get("writers") or everyone) <= t["ranks"]
-                       and now - t["since"] > after_s)
+                       and now - t["since"] > after_s and t["since"] >= self.fresh_since)
         return [(a, ra, b, rb) for i, (a, ra, wa) in enumerate(stuck) for b, rb, wb in stuck[i + 1:]
                 if not ra & rb and rb <= wa and ra <= wb]
 

@@ -231,6 +231,8 @@ class Scheduler:
         self.by_identity[identity] = node
         self.num_workers = len(self.workers)
         self._joining.append(node)
+        if self.assigner is not None:
+            self.assigner.fresh_since = time.monotonic()
         log.warning("a late worker (pid %s on %s, registered as rank %d) comes into the running job as rank %d "
                     "of %d", info.get("pid"), info.get("hostname"), first, node.node_id, self.num_workers)
         # "came_in": the workers tell a change that brought someone in from one that only lost someone (DiLoCo
@@ -382,6 +384,11 @@ class Scheduler:
         if self.exit_code:
             return
         elastic = self.ready and not self.terminating and self.cfg.min_workers
+        if elastic and reason.startswith("no heartbeat") and n.info.get("pid") \
+                and n.info.get("hostname") == socket.gethostname():
+            # a hung node (stopped) the job goes on without still holds its process: name it, so that the
+            # launcher ends it rather than wait for it at the end
+            print_culprit(int(n.info["pid"]), f"{n.who} was dropped from the job: {reason}")
         if elastic and n.role == "worker" and len(self.workers) - 1 >= self.cfg.min_workers:
             self._shrink(n, reason)
             return

@@ -124,7 +124,7 @@ class Supervisor:
             time.sleep(0.02)  # the relays may still be reading the lines that name the culprit
         exited = f"{first.label} (pid {first.proc.pid}) exited with {_signal_name(code)}"
         for c in self.children:
-            if c is not first and c.proc.pid in self.blamed:
+            if c is not first and c not in self.lost and c.proc.pid in self.blamed:
                 state = "still running (hung?)" if c.proc.poll() is None else f"exited with {_signal_name(c.proc.returncode)}"
                 return (f"{c.label} (pid {c.proc.pid}) failed first: {self.blamed[c.proc.pid]} [{state}]; "
                         f"{exited} because of it; stopping the others")
@@ -145,14 +145,17 @@ class Supervisor:
                  f"(pid {new.proc.pid}), which takes the running job over (--restart-scheduler)")
         return True
 
-    def _kill_hung_scheduler(self) -> None:
-        """--restart-scheduler: a scheduler the nodes name as hung (silent past PUSHPULL_HEARTBEAT_TIMEOUT: stopped,
-        say) is killed, and its exit starts the new one."""
-        if self.scheduler_restarts_left <= 0:
-            return
+    def _kill_hung(self) -> None:
+        """A process the job named and goes on without is ended rather than waited for: a scheduler the nodes
+        name as hung (silent past PUSHPULL_HEARTBEAT_TIMEOUT: stopped, say) under --restart-scheduler (its exit
+        starts the new one), and in an elastic job a worker or server the scheduler dropped (its exit counts
+        as the loss, and a lost worker is replaced under --restart-workers)."""
         for c in self.children:
-            if c.label.startswith("scheduler") and c not in self.lost and c.proc.poll() is None \
-                    and c.proc.pid in self.blamed:
+            if c in self.lost or c.proc.pid not in self.blamed or c.proc.poll() is not None:
+                continue
+            is_scheduler = c.label.startswith("scheduler")
+            if (is_scheduler and self.scheduler_restarts_left > 0) or \
+                    (not is_scheduler and self.min_workers and "dropped from the job" in self.blamed[c.proc.pid]):
                 self.say(f"{c.label} (pid {c.proc.pid}) is hung ({self.blamed.pop(c.proc.pid)}); killing it")
                 try:
                     os.killpg(c.proc.pid, signal.SIGKILL)
@@ -244,7 +247,7 @@ class Supervisor:
                         self.kill_all()
                         return code if code > 0 else 128 + (-code)
                 self._start_due_replacements()
-                self._kill_hung_scheduler()
+                self._kill_hung()
                 workers = [c for c in self.children if c.is_worker and c not in self.lost]
                 if workers_done_at is None and all(w.proc.poll() == 0 for w in workers):
                     workers_done_at = time.monotonic()

@@ -262,12 +262,19 @@ class DiLoCo:
         """The workers changed under round ``rnd`` (noticed on a push or an answer): where someone came in,
         welcome it before the round goes again (the newcomer pushes it too)."""
         self.changes += 1
+        self._welcome_newcomers(rnd)
+
+    def _welcome_newcomers(self, rnd: _Round | None) -> None:
+        """Where a worker came into the job since the last welcome, welcome it now (every worker does, at a
+        step or on the round where it notices: the welcome is a collective, so the first to get there waits
+        for the others, and a newcomer waits for a step rather than for the next round)."""
         eng = ops.engine()
         if eng is None or eng.arrivals <= self._arrivals:
             return
         self._arrivals = eng.arrivals
         open_ = {r.rid: r for r in self._inflight.values()}
-        open_[rnd.rid] = rnd
+        if rnd is not None:
+            open_[rnd.rid] = rnd
         state = {"steps": self.steps, "ids": self._ids, "rounds": self.rounds, "synced": list(self._synced),
                  "phase": self._phase, "open": [open_[k].describe() for k in sorted(open_)],
                  "last_sync": self._last_sync, "schedule": self._schedule()}
@@ -341,6 +348,7 @@ class DiLoCo:
         self.steps += 1
         metrics.step_done()
         self._phase = "step"
+        self._welcome_newcomers(None)  # a newcomer waits in its welcome: at most until this step, not the next round
         self._rounds_due()
         self._phase = ""
         return loss

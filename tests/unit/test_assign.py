@@ -84,3 +84,20 @@ def test_slices_declared_by_their_writers_are_not_misnamed():
     c.assign(3, _req("y"))
     assert [(n1, sorted(r1), n2, sorted(r2)) for n1, r1, n2, r2 in c.misnamed(4, after_s=0.0)] == \
         [("x", [0, 1], "y", [2, 3])]
+
+
+def test_tensors_declared_before_a_worker_came_in_are_no_evidence_of_misnaming():
+    """A newcomer declares its first tensor (a welcome) while the others' old tensors lack its declaration:
+    they are declared later or never by it, not misnamed (a DiLoCo round can take minutes to come)."""
+    import time
+
+    a = Assigner(2)
+    for r in (0, 1, 2):
+        a.assign(r, _req("old"))
+    a.fresh_since = time.monotonic()  # rank 3 came into the running job
+    a.assign(3, _req("welcome"))
+    assert a.misnamed(4, after_s=0.0) == []
+    for r in (0, 1):
+        a.assign(r, _req("new.a"))
+    a.assign(2, _req("new.b"))  # names that differ after the join are still caught
+    assert [(x, y) for x, _, y, _ in a.misnamed(4, after_s=0.0)] != []
