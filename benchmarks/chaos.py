@@ -14,9 +14,11 @@ of the two at random):
 * a server: its partitions move to the others (a lost server is not replaced: with 4 servers, 3 losses);
 * the scheduler: the nodes work on, the launcher starts a new one, and they register with it again.
 
-Every step also sums an integer tensor (each rank's rank + 1) and checks the exact sum for the job's size. At
-the end the page gives: whether the job finished, the steps applied to the final model against those its
-epochs hold (none lost, none twice), the wrong sums (none expected), the held-out accuracy against an
+Every step also sums an integer tensor (each rank's rank + 1) and checks the exact sum for the job's size; a
+wrong one is printed (this script counts those lines, which no restore takes back), a right one adds 1 to a
+counter kept in the model (restored with it). At the end the page gives: whether the job finished, that
+counter against the steps the final model's epochs hold at the sizes they ran at (a step lost, applied twice
+or summed wrong shows there), the wrong sums, the held-out accuracy against an
 undisturbed run of the same job (run first, for as long as the chaos lasts), and per kind of failure the
 recovery: how long the workers waited (a step over 1 s, summed over the waits the failure caused, a
 replacement's coming in included), and when a lost worker's replacement was in or a new scheduler had taken
@@ -44,6 +46,11 @@ STALL_WINDOW_S = 20.0  # a stall that begins this long after a failure is still 
 BATCH = 32
 
 
+def steps_per_epoch(size: int, samples: int = 1437) -> int:
+    """The steps an epoch holds at ``size`` workers (each takes its 1/size of the 1437 training digits)."""
+    return math.ceil(math.ceil(samples / size) / BATCH)
+
+
 # ------------------------------------------------------------------ the worker --
 def worker(args) -> None:
     import torch
@@ -62,9 +69,12 @@ def worker(args) -> None:
     x_tr, y_tr, x_te, y_te = x[tr], y[tr], x[te], y[te]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    # the steps applied to the model, counted in the model (restored with it): +1 per step whose server sum
+    # was exact, so a step applied twice, lost, or summed wrong shows against what the epochs hold
+    model.register_buffer("ticks", torch.zeros((), dtype=torch.int64))
     opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters())
-    state = bps.elastic.TorchState(model, opt, epoch=0, applied=0, epoch_steps=[], wrong=0)
+    state = bps.elastic.TorchState(model, opt, epoch=0, epoch_sizes=[])
     deadline = time.time() + args.seconds if args.seconds else None
     clock = {"last": time.time()}  # the last step's end, across restores (a restore's wait is a stall too)
 
@@ -74,23 +84,23 @@ def worker(args) -> None:
             rank, size = bps.rank(), bps.size()
             g = torch.Generator().manual_seed(1000 * state.epoch)
             idx = torch.randperm(len(y_tr), generator=g)[rank::size]
-            steps = math.ceil(math.ceil(len(y_tr) / size) / BATCH)
+            steps = steps_per_epoch(size, len(y_tr))
             for s in range(steps):
                 b = idx[s * BATCH:(s + 1) * BATCH]
                 opt.zero_grad()
                 F.cross_entropy(model(x_tr[b]), y_tr[b]).backward()
                 opt.step()
                 got = bps.push_pull(torch.full((4,), rank + 1, dtype=torch.int64), average=False, name="chaos.sum")
-                if not torch.equal(got, torch.full((4,), size * (size + 1) // 2, dtype=torch.int64)):
-                    state.wrong += 1
+                if torch.equal(got, torch.full((4,), size * (size + 1) // 2, dtype=torch.int64)):
+                    model.ticks += 1
+                else:  # counted by the harness from the output: a restore cannot take it back
                     print(f"WRONG rank {rank} of {size}: {got.tolist()}", flush=True)
-                state.applied += 1
                 now = time.time()
                 if now - clock["last"] > 1.0:  # a step that waited: when the wait began and ended (wall clock)
                     print(f"STALL rank {rank} {clock['last']:.3f} {now:.3f}", flush=True)
                 clock["last"] = now
                 time.sleep(STEP_SLEEP_S)
-            state.epoch_steps = state.epoch_steps + [[size, steps]]
+            state.epoch_sizes = state.epoch_sizes + [size]
             state.epoch += 1
             state.commit()
             if deadline is not None and state.epoch >= 3:  # the undisturbed run: as many epochs as fit its time
@@ -102,11 +112,9 @@ def worker(args) -> None:
     model.eval()
     with torch.no_grad():
         acc = float((model(x_te).argmax(1) == y_te).float().mean())
-    due = sum(n for _, n in state.epoch_steps)
     if bps.rank() == 0:
-        print("RESULT " + json.dumps({"epochs": state.epoch, "applied": state.applied, "due": due,
-                                      "wrong": state.wrong, "accuracy": acc, "size": bps.size(),
-                                      "epoch_sizes": [s for s, _ in state.epoch_steps]}), flush=True)
+        print("RESULT " + json.dumps({"epochs": state.epoch, "applied": int(model.ticks), "accuracy": acc,
+                                      "size": bps.size(), "epoch_sizes": state.epoch_sizes}), flush=True)
     bps.shutdown()
 
 
@@ -190,7 +198,11 @@ def run_job(args, epochs: int, seconds: float, chaos: list | None) -> dict:
     reader.join(5)
     out = "\n".join(ln for _, ln in lines)
     res = re.search(r"RESULT (\{.*\})", out)
-    return {"rc": proc.returncode, "result": json.loads(res.group(1)) if res else None, "events": events,
+    result = json.loads(res.group(1)) if res else None
+    if result is not None:  # what the epochs hold, from the sizes they ran at; wrong sums from every rank's lines
+        result["due"] = sum(steps_per_epoch(s) for s in result["epoch_sizes"])
+        result["wrong"] = len(re.findall(r"WRONG rank", out))
+    return {"rc": proc.returncode, "result": result, "events": events,
             "lines": lines, "wall": time.time() - t0, "t0": t0}
 
 

@@ -74,6 +74,8 @@ class Member:
         van.connect_dealer(SCHED, addr, identity, self._handle)
         van.call_later(0.0, self._heartbeat, every=cfg.heartbeat_interval)
         self._lost_since: float | None = None  # when the connection to the scheduler closed, if it did
+        self._silent_lost = False  # _lost_since was set by silence, not a closed connection (it may answer again)
+        self._unanswered = 0  # heartbeats sent since the scheduler last said anything
         van.monitor(SCHED, zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                     self._on_scheduler_event)
@@ -169,6 +171,7 @@ class Member:
             else:
                 self._lost_since = None
         elif event == zmq.EVENT_DISCONNECTED:
+            self._silent_lost = False  # gone now, not only silent (a hung one the launcher killed, say)
             if not self.terminated.is_set() and self._lost_since is None:
                 self._lost_since = time.monotonic()
                 if recovery:
@@ -205,7 +208,9 @@ class Member:
     def _taken_back(self, book: dict) -> None:
         """The new scheduler took this node back: send again what the lost one never answered."""
         lost = time.monotonic() - (self._lost_since or time.monotonic())
-        self._lost_since = None
+        self._lost_since, self._silent_lost = None, False
+        # the new scheduler's book: its pid (a hung one is named by it), the generation it took over in
+        self.book = dict(self.book or {}, **{k: book[k] for k in ("scheduler_pid", "gen", "job_id") if k in book})
         self.recoveries += 1
         self._last_heard = time.monotonic()
         log.warning("the new scheduler took this node back (%.1fs after the loss; generation %s)", lost,
@@ -226,11 +231,16 @@ class Member:
     def _heartbeat(self) -> None:
         if self.terminated.is_set():
             return
-        if self.scheduler_lost:
+        if self.scheduler_lost and not self._silent_lost:
             return  # nothing to tell a scheduler that is not there; the recovery deadline watches instead
+        if self._silent_lost:  # a silent one may only have been slow: it answers this, or a new one comes
+            self.van.send(SCHED, Header(MsgType.HEARTBEAT, sender=self.node_id if self.node_id is not None else 0))
+            return
         silent = time.monotonic() - self._last_heard
-        if silent > self.cfg.heartbeat_timeout and self._registered.is_set() and self.cfg.scheduler_recovery \
-                and not self.failure:
+        # silence is the scheduler's only if this node asked: a node that was itself stalled sent nothing
+        asked = self._unanswered >= 2
+        if silent > self.cfg.heartbeat_timeout and asked and self._registered.is_set() \
+                and self.cfg.scheduler_recovery and not self.failure:
             # hung (stopped, or its host unreachable): name it, so that a launcher that restarts schedulers
             # kills it and starts a new one; meanwhile work on, as for a closed connection
             pid = (self.book or {}).get("scheduler_pid")
@@ -241,24 +251,31 @@ class Member:
             log.warning("%s; working on and waiting up to %.0fs for a new one (PUSHPULL_SCHEDULER_RECOVERY)", reason,
                         self.cfg.scheduler_recovery)
             self._lost_since = time.monotonic()
+            self._silent_lost = True
             self.van.call_later(self.cfg.scheduler_recovery, self._check_lost)
             return
-        if silent > self.cfg.heartbeat_timeout and self._registered.is_set():
+        if silent > self.cfg.heartbeat_timeout and asked and self._registered.is_set():
             self.fail(f"the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} has been silent for "
                       f"{silent:.0f}s (PUSHPULL_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); it has died")
             return
         if self.node_id is not None:
+            self._unanswered += 1
             self.van.send(SCHED, Header(MsgType.HEARTBEAT, sender=self.node_id))
 
     def _handle(self, msg: Msg) -> None:
         self._last_heard = time.monotonic()
+        self._unanswered = 0
         t = msg.header.type
+        if self._silent_lost and t != MsgType.REGISTER_ACK:
+            # the scheduler found silent answers again (it was slow, not hung): nothing was lost
+            log.warning("the scheduler answers again after %.1fs of silence", time.monotonic() - (self._lost_since or 0))
+            self._lost_since, self._silent_lost = None, False
         if t == MsgType.REGISTER_ACK and self._registered.is_set():
             book = decode_json(msg.body())
-            if book.get("recovered"):
+            if book.get("recovered") and self._lost_since is not None:
                 self._taken_back(book)
             else:
-                log.warning("a second address book from the scheduler ignored")
+                log.info("an address book from the scheduler ignored (this node is registered and not lost)")
         elif t == MsgType.REGISTER_ACK:
             self.book = decode_json(msg.body())
             self.node_id = int(self.book["node_id"])

@@ -319,7 +319,11 @@ class Scheduler:
     def _check(self) -> None:
         now = time.monotonic()
         if self.recovering:
-            if now - self.started > self.cfg.register_timeout:
+            # the nodes wait PUSHPULL_SCHEDULER_RECOVERY from the loss: decide before they give up
+            limit = self.cfg.register_timeout
+            if self.cfg.scheduler_recovery:
+                limit = min(limit, max(1.0, self.cfg.scheduler_recovery - 5.0))
+            if now - self.started > limit:
                 self._recovered(force=True)
             return
         if not self.ready:
@@ -484,19 +488,34 @@ class Scheduler:
             self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(dict(self._book(node), recovered=True))])
         log.warning("took the running job over %.1fs after starting: %d worker(s), %d server(s), generation %d",
                     waited, len(workers), len(servers), self.gen)
-        holders = [NodeInfo(b"", "worker", rank, {"rank": rank}) for rank in missing_w]
-        for h in holders:  # elastic: they are lost as any worker is (renumbered with the others meanwhile)
-            self.workers[h.node_id] = h
-        for h in holders:
-            self._shrink(h, "it did not register again with the new scheduler")
-        for index in missing_s:
-            self._lose_server(self.servers[index], "it did not register again with the new scheduler")
-        if not missing_w and not missing_s and len(gens) > 1:
+        if missing_w or missing_s:  # elastic: lost as any node is, in one change (one generation for all)
+            self._lose_missing(missing_w, missing_s)
+        elif len(gens) > 1:
             # the old scheduler was lost while it applied a change: make one every node applies from the start
             self._new_generation("the scheduler was replaced while a change of the job was applied", {})
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that came while the job was being taken over
             self._register(identity, info)
+
+    def _lose_missing(self, ranks: list[int], servers: list[int]) -> None:
+        """The nodes that did not register again with a new scheduler: the job goes on without all of them in
+        one generation (workers renumbered, the servers' partitions moved)."""
+        survivors = [w for r, w in sorted(self.workers.items()) if r not in ranks]
+        renumber = {w.node_id: new for new, w in enumerate(survivors)}
+        self.assigner.renumber(renumber)
+        self.workers = {}
+        for new, w in enumerate(survivors):
+            w.node_id = new
+            self.workers[new] = w
+        self.num_workers = len(survivors)
+        moved: dict[int, int] = {}
+        for index in servers:
+            moved.update(self.assigner.remove_server(index))
+        what = ", ".join([f"worker rank(s) {ranks}"] * bool(ranks) + [f"server(s) {servers}"] * bool(servers))
+        log.warning("%s did not register again with the new scheduler; going on with %d workers and %d server(s)",
+                    what, len(survivors), len(self._live_servers()))
+        self._new_generation(f"{what} did not register again with the new scheduler", moved,
+                             {"lost_servers": servers} if servers else None)
 
     # ------------------------------------------------------------ elastic --
     def _shrink(self, lost: NodeInfo, reason: str) -> None:
@@ -527,7 +546,7 @@ class Scheduler:
         moved = self.assigner.remove_server(index) if self.assigner is not None else {}
         log.warning("%s failed: %s; its %d partition(s) move to the other %d server(s)", lost.who, reason,
                     len(moved), len(self._live_servers()))
-        self._new_generation(f"{lost.who} failed: {reason}", moved, {"lost_server": index})
+        self._new_generation(f"{lost.who} failed: {reason}", moved, {"lost_servers": [index]})
 
     def _live_servers(self) -> list[NodeInfo]:
         return [s for s in self.servers if not s.dead]

@@ -134,8 +134,8 @@ class Supervisor:
         """--restart-scheduler: start a new scheduler at the same address (the same command and environment,
         PUSHPULL_SCHEDULER_RECOVER=1), which takes the running job over from the nodes that register again."""
         running = [w for w in self.children if w.is_worker and w not in self.lost and w.proc.poll() is None]
-        if self.scheduler_restarts_left <= 0 or not running:
-            return False
+        if self.scheduler_restarts_left <= 0 or not running or code >= 0:
+            return False  # an orderly exit with an error (the job failed, a takeover failed) is no loss to repair
         self.scheduler_restarts_left -= 1
         self.lost.append(lost)
         time.sleep(SCHEDULER_RESTART_DELAY_S)

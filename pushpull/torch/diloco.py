@@ -119,7 +119,10 @@ class DiLoCo:
         self.welcomed = 0    # workers this one helped come into the running job
         self.joined_at: int | None = None  # the inner step this worker came into the running job at
         eng = ops.engine()
-        self._arrivals = eng.arrivals if eng is not None else 0  # newcomers the engine has seen come in
+        # the generation of the last welcome this worker took part in (a newcomer's: the one it came in with);
+        # a change that brought someone in later (the engine's arrival_gen) calls for another
+        self._welcomed_gen = eng.gen if eng is not None else 0
+        self._started_now: tuple[int, set] = (0, set())  # (a step, the fragments whose round it started)
         if eng is not None and eng.joined_late:
             self._come_in()
         else:
@@ -225,6 +228,9 @@ class DiLoCo:
         """Fragment ``f``'s outer round: its pseudo-gradients go out; the answer is taken now, or ``overlap``
         steps later."""
         self._synced[f] = self.steps
+        if self._started_now[0] != self.steps:
+            self._started_now = (self.steps, set())
+        self._started_now[1].add(f)
         rnd = self._submit(self.fragments[f], f, lambda p, g: g - p.detach(),
                            self.steps + self.overlap if self.overlap else None)
         if self.overlap:
@@ -269,32 +275,34 @@ class DiLoCo:
         step or on the round where it notices: the welcome is a collective, so the first to get there waits
         for the others, and a newcomer waits for a step rather than for the next round)."""
         eng = ops.engine()
-        if eng is None or eng.arrivals <= self._arrivals:
+        if eng is None or eng.arrival_gen <= self._welcomed_gen:
             return
-        self._arrivals = eng.arrivals
         open_ = {r.rid: r for r in self._inflight.values()}
         if rnd is not None:
             open_[rnd.rid] = rnd
+        started = sorted(self._started_now[1]) if self._started_now[0] == self.steps else []
         state = {"steps": self.steps, "ids": self._ids, "rounds": self.rounds, "synced": list(self._synced),
-                 "phase": self._phase, "open": [open_[k].describe() for k in sorted(open_)],
+                 "phase": self._phase, "open": [open_[k].describe() for k in sorted(open_)], "started": started,
                  "last_sync": self._last_sync, "schedule": self._schedule()}
-        self._welcome(state)
+        _, self._welcomed_gen = self._welcome(state)
         self.welcomed += 1
 
     def _schedule(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": [list(f) for f in self.fragments],
                 "overlap": self.overlap, "names": [n for n, _ in self.params]}
 
-    def _welcome(self, state: dict | None) -> dict:
+    def _welcome(self, state: dict | None) -> tuple[dict, int]:
         """Rank 0's schedule and global parameters to every worker (a collective of the new job: the
-        others' copies are thrown away; only the newcomer takes them)."""
+        others' copies are thrown away; only the newcomer takes them). Returns them and the generation the
+        welcome completed in (its names carry it, so workers of different generations never meet in one)."""
         for attempt in range(MAX_RETRIES + 1):
+            gen = ops.engine().gen
             try:
-                got = functions.broadcast_object(state, root_rank=0, name=f"{self.name}.welcome.state")
+                got = functions.broadcast_object(state, root_rank=0, name=f"{self.name}.welcome.{gen}.state")
                 glob = [(n, (self._global[i] if self._global else p.detach()).clone())
                         for i, (n, p) in enumerate(self.params)]
-                broadcast_parameters(glob, root_rank=0, prefix=f"{self.name}.welcome.")
-                return {"state": got, "global": [t for _, t in glob]}
+                broadcast_parameters(glob, root_rank=0, prefix=f"{self.name}.welcome.{gen}.")
+                return {"state": got, "global": [t for _, t in glob]}, gen
             except WorkersChanged as e:
                 if attempt == MAX_RETRIES:
                     raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times while a "
@@ -304,7 +312,7 @@ class DiLoCo:
     def _come_in(self) -> None:
         """This worker came into the running job: take rank 0's schedule and global parameters, push the
         rounds open there (present, adding nothing), and go on from the others' step."""
-        got = self._welcome(None)
+        got, self._welcomed_gen = self._welcome(None)
         st = got["state"]
         if st is None or not isinstance(st, dict):
             raise PushPullError(f"{self.name}: rank 0 sent no schedule to this newcomer (rank {ops.rank()})")
@@ -321,7 +329,7 @@ class DiLoCo:
         self._synced = [int(s) for s in st["synced"]]
         self._last_sync = st["last_sync"]
         self.joined_at = self.steps
-        started = set()
+        started = {int(f) for f in st.get("started", ())}  # rank 0 started these fragments' rounds at this step
         for d in st["open"]:  # oldest first, as the others pushed them
             rnd = _Round(int(d["rid"]), [int(i) for i in d["idx"]], int(d["step"]), d["fragment"], d["due"],
                          present_only=True)
@@ -344,11 +352,13 @@ class DiLoCo:
 
     # ------------------------------------------------------------ optimizer --
     def step(self, closure=None):
+        # a newcomer waits in its welcome until the others get here (a step, not the next round); here, between
+        # steps, so that a sync() the others run after a step is one the newcomer runs too
+        self._welcome_newcomers(None)
         loss = self.inner.step(closure)
         self.steps += 1
         metrics.step_done()
         self._phase = "step"
-        self._welcome_newcomers(None)  # a newcomer waits in its welcome: at most until this step, not the next round
         self._rounds_due()
         self._phase = ""
         return loss

@@ -92,7 +92,7 @@ class Engine:
         self.joined_ranks: set[int] = set()  # ranks in join() now (the scheduler's JOINED), for join()'s error
         self.first_rank = ident.rank  # the rank this worker registered with: its connections' identity
         self.joined_late = False  # registered after its elastic job had started (a replacement)
-        self.arrivals = 0  # workers that came into the running job since this one started (elastic)
+        self.arrival_gen = 0  # the last generation that brought a worker into the running job (elastic)
         self.servers_lost: set[int] = set()  # servers the job went on without (elastic)
         self.member.recover_state = self._recover_state  # a lost scheduler's replacement asks where the job stands
         self.member.on_recovered(lambda: self.kv.assign_again())
@@ -581,9 +581,9 @@ class Engine:
         # (decided as the servers decide: every rank the one it registered as, the size unchanged)
         keep_shared = ("joined_last" in d and int(d["num_workers"]) == self.averager.size
                        and all(int(first) == int(now) for first, now in d["ranks"].items()))
-        self.arrivals += len(d.get("came_in", ()))  # before any operation fails: its catcher reads it
-        if "lost_server" in d:
-            self.servers_lost.add(int(d["lost_server"]))
+        if d.get("came_in"):  # before any operation fails: its catcher reads it (DiLoCo welcomes the newcomer)
+            self.arrival_gen = int(d["gen"])
+        self.servers_lost.update(int(x) for x in d.get("lost_servers", ()))
         self.kv.gen = int(d["gen"])
         self.kv.rank = int(new_rank)
         self.averager.resize(int(d["num_workers"]))

@@ -21,7 +21,7 @@ def _job(case: str) -> str:
         workers, flags, mode = {"steady": (2, [], []), "lose": (3, ["--min-workers", "2"], ["lose"]),
                                 "stop": (2, ["--env", "PUSHPULL_HEARTBEAT_TIMEOUT=3"], ["stop"])}[case]
         argv = [sys.executable, "-m", "pushpull", "launch", "--workers", str(workers), "--servers", "2",
-                "--restart-scheduler", "1", *flags, "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1",
+                "--restart-scheduler", "2", *flags, "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1",
                 "--", sys.executable, str(WORKER), *mode]
         res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
         out = res.stdout + res.stderr
@@ -59,11 +59,13 @@ def test_a_worker_lost_after_the_takeover_is_handled_by_the_new_scheduler():
     assert re.search(r"\[scheduler \(restart 1\)\].*worker rank 2 .* failed.*going on with 2 workers", out), out[-3000:]
 
 
-def test_a_hung_scheduler_is_named_killed_and_replaced():
-    """SIGSTOP: the connection stays up, so the nodes notice the silence (PUSHPULL_HEARTBEAT_TIMEOUT=3 here), name
-    the scheduler's pid, and the launcher kills it and starts a new one; the sums stay exact."""
+def test_a_hung_scheduler_is_named_killed_and_replaced_after_a_first_takeover():
+    """SIGKILL, then SIGSTOP of the scheduler that took over: the connection stays up, so the nodes notice the
+    silence (PUSHPULL_HEARTBEAT_TIMEOUT=3 here), name the new scheduler's pid (its book's, given at the
+    takeover), and the launcher kills it and starts a third; the sums stay exact."""
     out = _job("stop")
     rows = _rows(out)
     assert sorted(rows) == [0, 1], out[-3000:]
-    assert all(w == "[]" and rec == 1 and ch == 0 for _, w, rec, ch, _ in rows.values()), rows
-    assert re.search(r"pushpull launch: scheduler \(pid \d+\) is hung .*killing it", out), out[-3000:]
+    assert all(w == "[]" and rec == 2 and ch == 0 for _, w, rec, ch, _ in rows.values()), rows
+    assert re.search(r"pushpull launch: scheduler \(restart 1\) \(pid \d+\) is hung .*killing it", out), out[-3000:]
+    assert "started scheduler (restart 2)" in out, out[-3000:]

@@ -3,8 +3,9 @@ scheduler is SIGKILLed (by rank 0, at step 10) and the launcher starts a new one
 barrier entered while no scheduler runs (steps 12 and 14) wait for the new one; another tensor is declared
 after it took over (step 40: its key must not collide with the old ones). With ``lose``, the worker started
 as rank 2 SIGKILLs itself at step 30, after the takeover: the new scheduler must handle that loss (the others
-go on with 2 workers). With ``stop``, rank 0 SIGSTOPs the scheduler instead: the nodes find it silent past
-PUSHPULL_HEARTBEAT_TIMEOUT and name it, and the launcher kills and replaces it. Prints one RESTART line per
+go on with 2 workers). With ``stop``, rank 0 also SIGSTOPs the new scheduler at step 30: the nodes find it
+silent past PUSHPULL_HEARTBEAT_TIMEOUT and name it, and the launcher kills and replaces it (a second
+takeover). Prints one RESTART line per
 rank."""
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ def main() -> None:
     wrong, changes, slowest, step = [], 0, 0.0, 0
     while step < STEPS:
         if step == KILL_AT and bps.rank() == 0 and eng.member.recoveries == 0 and changes == 0:
-            print(f"rank 0 {'stops' if stop else 'kills'} the scheduler, pid {eng.member.book['scheduler_pid']}", flush=True)
-            os.kill(int(eng.member.book["scheduler_pid"]), signal.SIGSTOP if stop else signal.SIGKILL)
+            print(f"rank 0 kills the scheduler, pid {eng.member.book['scheduler_pid']}", flush=True)
+            os.kill(int(eng.member.book["scheduler_pid"]), signal.SIGKILL)
+        if stop and step == LOSE_AT and bps.rank() == 0 and eng.member.recoveries == 1:
+            # the new scheduler, by the pid its book gave this node at the takeover
+            print(f"rank 0 stops the scheduler, pid {eng.member.book['scheduler_pid']}", flush=True)
+            os.kill(int(eng.member.book["scheduler_pid"]), signal.SIGSTOP)
         if lose and step == LOSE_AT and first == 2:
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.perf_counter()

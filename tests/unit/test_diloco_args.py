@@ -74,7 +74,7 @@ def test_a_newcomer_with_other_settings_than_the_running_job_is_refused_naming_t
     mine = {"sync_every": 4, "fragments": [[0, 1, 2, 3]], "overlap": 0, "names": [n for n, _ in m.named_parameters()]}
     state = {"steps": 8, "ids": 3, "rounds": 3, "synced": [8], "phase": "step", "open": [], "last_sync": 0,
              "schedule": {**mine, setting: theirs}}
-    monkeypatch.setattr(ops, "engine", lambda: SimpleNamespace(joined_late=True, arrivals=0))
+    monkeypatch.setattr(ops, "engine", lambda: SimpleNamespace(joined_late=True, gen=2, arrival_gen=2))
     monkeypatch.setattr(diloco.functions, "broadcast_object", lambda obj, root_rank, name: state)
     monkeypatch.setattr(diloco, "broadcast_parameters", lambda params, root_rank, prefix: None)
     with pytest.raises(bps.PushPullError, match=f"newcomer's {setting}"):
