@@ -501,13 +501,7 @@ class Scheduler:
         """The nodes that did not register again with a new scheduler: the job goes on without all of them in
         one generation (workers renumbered, the servers' partitions moved)."""
         survivors = [w for r, w in sorted(self.workers.items()) if r not in ranks]
-        renumber = {w.node_id: new for new, w in enumerate(survivors)}
-        self.assigner.renumber(renumber)
-        self.workers = {}
-        for new, w in enumerate(survivors):
-            w.node_id = new
-            self.workers[new] = w
-        self.num_workers = len(survivors)
+        self._renumber(survivors)
         moved: dict[int, int] = {}
         for index in servers:
             moved.update(self.assigner.remove_server(index))
@@ -526,16 +520,19 @@ class Scheduler:
                     len(self.workers) - 1, self.cfg.min_workers)
         del self.workers[lost.node_id]
         self.by_identity.pop(lost.identity, None)
-        survivors = [w for _, w in sorted(self.workers.items())]
+        self._renumber([w for _, w in sorted(self.workers.items())])
+        self._new_generation(f"{lost.who} failed: {reason}", {})
+
+    def _renumber(self, survivors: list[NodeInfo]) -> None:
+        """The workers left are ranks 0..n'-1 in their old order (the assigner learns who declared what)."""
         renumber = {w.node_id: new for new, w in enumerate(survivors)}
-        if self.assigner is not None:  # who declared what, in the new numbering
+        if self.assigner is not None:
             self.assigner.renumber(renumber)
         self.workers = {}
         for new, w in enumerate(survivors):
             w.node_id = new
             self.workers[new] = w
         self.num_workers = len(survivors)
-        self._new_generation(f"{lost.who} failed: {reason}", {})
 
     def _lose_server(self, lost: NodeInfo, reason: str) -> None:
         """Go on without server ``lost``: its partitions move to the least loaded live servers (every worker
