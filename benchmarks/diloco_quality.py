@@ -14,6 +14,7 @@ training text (the same tokens per method):
 * **dilocoH**: DiLoCo(AdamW inner, outer SGD lr 0.7 Nesterov 0.9), an outer round every H steps;
 * **streamingH**: the same with 4 fragments, exchanges overlapping 5 inner steps, int8 pseudo-gradients;
   **streamingHint4**: with 4-bit ones (a scale per 64 elements);
+* ``@LR`` after any method (``sync@0.003``): its own AdamW learning rate instead of ``--lr``;
 * churn, a suffix on a DiLoCo method: **-lose** (``diloco100-lose``): the last rank SIGKILLs itself at step
   ``--kill-at`` and the job goes on without it (``--min-workers N-1``); **-replace**: the same, and the
   launcher starts it again (``--restart-workers 1``): the replacement comes into the running job where the
@@ -47,13 +48,18 @@ def _h(method: str) -> int:
 
 
 def _base(method: str) -> str:
-    """The method without its churn suffix: diloco100-replace -> diloco100."""
-    return method.split("-")[0]
+    """The method without its churn suffix or learning rate: diloco100-replace@0.002 -> diloco100."""
+    return method.split("@")[0].split("-")[0]
+
+
+def _lr(method: str, default: float) -> float:
+    """A method's own AdamW learning rate (``sync@0.003``), or the default (``--lr``)."""
+    return float(method.split("@")[1]) if "@" in method else default
 
 
 def _churn(method: str) -> str:
     """'' (undisturbed), 'lose' or 'replace'."""
-    churn = method.partition("-")[2]
+    churn = method.split("@")[0].partition("-")[2]
     if churn not in ("", "lose", "replace"):
         raise SystemExit(f"{method}: the churn suffix must be -lose or -replace")
     return churn
@@ -106,11 +112,11 @@ def worker(args) -> None:
     torch.manual_seed(0)  # the same initial model on every worker (and rank 0's is broadcast anyway)
     m = model(args)
     params = sum(p.numel() for p in m.parameters())
-    inner = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
+    inner = torch.optim.AdamW(m.parameters(), lr=_lr(args.method, args.lr), weight_decay=0.01)
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: min(1.0, (s + 1) / warm))
     method = args.method
-    if method == "sync":
+    if _base(method) == "sync":
         bps.broadcast_parameters(m.state_dict(), root_rank=0)
         opt = bps.DistributedOptimizer(inner, named_parameters=m.named_parameters())
     else:
@@ -127,8 +133,9 @@ def worker(args) -> None:
     gen = torch.Generator().manual_seed(1000 + rank + (500 if newcomer else 0))  # a replacement's own windows
     t0 = time.perf_counter()
     losses = []
-    while (opt.steps if method != "sync" else len(losses)) < args.steps:  # a newcomer starts at the job's step
-        step = opt.steps if method != "sync" else len(losses)
+    is_sync = _base(method) == "sync"
+    while (len(losses) if is_sync else opt.steps) < args.steps:  # a newcomer starts at the job's step
+        step = len(losses) if is_sync else opt.steps
         if _churn(method) and step == args.kill_at and rank == size - 1 and not newcomer:
             print(f"rank {rank} SIGKILLs itself at step {step} (--kill-at)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -143,7 +150,7 @@ def worker(args) -> None:
         if rank == 0 and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"{method} step {step + 1}/{args.steps} train loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
                   f"({time.perf_counter() - t0:.0f}s)", flush=True)
-    if method != "sync":
+    if not is_sync:
         opt.sync()  # every worker holds the global parameters
     wall = time.perf_counter() - t0
     m.eval()
@@ -221,7 +228,7 @@ def main(argv=None) -> int:
 
 
 def report(args, results: list[dict]) -> str:
-    sync = next((r for r in results if r["method"] == "sync"), None)
+    sync = next((r for r in results if _base(r["method"]) == "sync"), None)
     by_method = {r["method"]: r for r in results}
     r0 = results[0]
     churned = any(_churn(r["method"]) for r in results)
@@ -247,17 +254,19 @@ def report(args, results: list[dict]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         m = r["method"]
-        h = None if m == "sync" else _h(m)
+        h = None if _base(m) == "sync" else _h(m)
         base = _base(m)
-        label = ("synchronous (DistributedOptimizer)" if m == "sync" else
+        label = ("synchronous (DistributedOptimizer)" if _base(m) == "sync" else
                  f"DiLoCo H = {h}" if base.startswith("diloco") else f"streaming DiLoCo H = {h}, F = 4, {_codec(m)}")
+        if "@" in m:
+            label += f", AdamW lr {_lr(m, args.lr):g}"
         if _churn(m) == "lose":
             label += f", last rank lost at step {args.kill_at}"
         elif _churn(m) == "replace":
             label += (f", last rank lost at step {args.kill_at}, its replacement in at step "
                       f"{r.get('newcomer_at')}")
         rounds = "every step" if h is None else f"{args.steps // h}"
-        vs = "" if sync is None or m == "sync" else f"{100 * (r['held_out_loss'] / sync['held_out_loss'] - 1):+.2f} %"
+        vs = "" if sync is None or _base(m) == "sync" else f"{100 * (r['held_out_loss'] / sync['held_out_loss'] - 1):+.2f} %"
         calm = by_method.get(base) if _churn(m) else None
         vs_calm = "" if calm is None else f"{100 * (r['held_out_loss'] / calm['held_out_loss'] - 1):+.2f} %"
         lines.append(f"| {label} | {rounds} | {r['held_out_loss']:.4f} | {vs} | {vs_calm} | "
