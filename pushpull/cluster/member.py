@@ -56,7 +56,7 @@ class Member:
         self.failure: str | None = None
         self.terminated = threading.Event()
         self._registered = threading.Event()
-        self._barriers: dict[int, threading.Event] = {}
+        self._barriers: dict[int, tuple[threading.Event, str]] = {}  # seq -> (its release, its group)
         self._barrier_seq = 0
         self._last_heard = time.monotonic()
         self._lock = threading.Lock()
@@ -66,7 +66,6 @@ class Member:
         # the owner's ``on_recovered`` callbacks then send again what the lost scheduler never answered
         self.recover_state: Callable[[], dict] | None = None
         self._recovered_callbacks: list[Callable[[], None]] = []
-        self._barrier_groups: dict[int, str] = {}
         self._finishing = False
         self.recoveries = 0  # schedulers this node has re-registered with
         identity = f"{info['role']}-{os.getpid()}-{id(self)}".encode()
@@ -110,15 +109,17 @@ class Member:
         with self._lock:
             self._barrier_seq += 1
             seq = self._barrier_seq
-            ev = self._barriers[seq] = threading.Event()
-            self._barrier_groups[seq] = group
-        self.van.send(SCHED, Header(MsgType.BARRIER, sender=self.node_id or 0, key=seq),
-                      [encode_json({"group": group})])
+            ev = threading.Event()
+            self._barriers[seq] = (ev, group)
+        self._send_barrier(seq, group)
         deadline = time.monotonic() + self.cfg.timeout
         while not ev.wait(0.1):
             self.raise_if_failed()
             if time.monotonic() > deadline:
                 raise ClusterError(f"barrier {seq} ({group}) not released within {self.cfg.timeout:.0f}s")
+
+    def _send_barrier(self, seq: int, group: str) -> None:
+        self.van.send(SCHED, Header(MsgType.BARRIER, sender=self.node_id or 0, key=seq), [encode_json({"group": group})])
 
     def send(self, header: Header, frames: list = ()) -> None:
         header.sender = self.node_id if self.node_id is not None else -2
@@ -216,10 +217,9 @@ class Member:
         log.warning("the new scheduler took this node back (%.1fs after the loss; generation %s)", lost,
                     book.get("gen"))
         with self._lock:
-            pending = sorted(self._barriers)
-        for seq in pending:
-            self.van.send(SCHED, Header(MsgType.BARRIER, sender=self.node_id or 0, key=seq),
-                          [encode_json({"group": self._barrier_groups.get(seq, "worker")})])
+            pending = sorted((seq, group) for seq, (_, group) in self._barriers.items())
+        for seq, group in pending:
+            self._send_barrier(seq, group)
         if self._finishing:
             self.van.send(SCHED, Header(MsgType.FINISH, sender=self.node_id or 0))
         for fn in self._recovered_callbacks:
@@ -288,10 +288,9 @@ class Member:
             pass
         elif t == MsgType.BARRIER_RELEASE:
             with self._lock:
-                ev = self._barriers.pop(msg.header.key, None)
-                self._barrier_groups.pop(msg.header.key, None)
-            if ev:
-                ev.set()
+                waiting = self._barriers.pop(msg.header.key, None)
+            if waiting:
+                waiting[0].set()
         elif t == MsgType.NODE_FAILED:
             d = decode_json(msg.body())
             reason = f"{d.get('who', 'a node')} failed: {d.get('reason', 'unknown reason')}"

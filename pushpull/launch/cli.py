@@ -130,11 +130,13 @@ class Supervisor:
                         f"{exited} because of it; stopping the others")
         return f"{exited}; stopping the others"
 
+    def _running_workers(self) -> list[Child]:
+        return [w for w in self.children if w.is_worker and w not in self.lost and w.proc.poll() is None]
+
     def _restart_scheduler(self, lost: Child, code: int) -> bool:
         """--restart-scheduler: start a new scheduler at the same address (the same command and environment,
         PUSHPULL_SCHEDULER_RECOVER=1), which takes the running job over from the nodes that register again."""
-        running = [w for w in self.children if w.is_worker and w not in self.lost and w.proc.poll() is None]
-        if self.scheduler_restarts_left <= 0 or not running or code >= 0:
+        if self.scheduler_restarts_left <= 0 or not self._running_workers() or code >= 0:
             return False  # an orderly exit with an error (the job failed, a takeover failed) is no loss to repair
         self.scheduler_restarts_left -= 1
         self.lost.append(lost)
@@ -169,8 +171,7 @@ class Supervisor:
         for item in [r for r in self._restart_at if r[0] <= now]:
             self._restart_at.remove(item)
             lost = item[1]
-            running = [w for w in self.children if w.is_worker and w not in self.lost and w.proc.poll() is None]
-            if not running:
+            if not self._running_workers():
                 continue
             n = sum(1 for w in self.children if w.label.startswith(lost.label.split(" (")[0]))
             new = self.start(f"{lost.label.split(' (')[0]} (replacement {n})", lost.argv, lost.env, True)

@@ -609,10 +609,7 @@ class Engine:
         for e in list(self.table.entries.values()):
             if e.assigned is None or e.state is FAILED:
                 continue
-            tensors.append({"name": e.name, "shape": list(e.shape), "dtype": e.dtype.name,
-                            "parts": [p.nbytes for p in e.parts], "key": e.assigned,
-                            "servers": [p.server for p in e.parts],
-                            **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})
+            tensors.append({**e.assign_request(), "key": e.assigned, "servers": [p.server for p in e.parts]})
         return {"gen": self.gen, "size_now": self.size, "servers_lost": sorted(self.servers_lost),
                 "tensors": tensors}
 

@@ -64,7 +64,6 @@ class KVClient:
         self.trace_ack: Callable[[int, int], None] | None = None  # the tracer's push_acked, while tracing
         self._req = 0
         self.requests: dict[int, Entry] = {}  # ASSIGN request id -> the entry that asked
-        self.request_bodies: dict[int, dict] = {}  # ASSIGN request id -> what it asked (sent again to a new scheduler)
         self.server_handlers: dict[MsgType, Callable[[Msg], None]] = {
             MsgType.INIT_ACK: self._on_init_ack,
             MsgType.PUSH_ACK: self._on_push_ack,
@@ -79,23 +78,20 @@ class KVClient:
         }
 
     # ------------------------------------------------------------ requests --
-    def assign(self, e: Entry, body: dict) -> None:
+    def assign(self, e: Entry) -> None:
         """Ask the scheduler where ``e``'s partitions live; the answer comes to ``upper.on_assigned``."""
         self._req += 1
         self.requests[self._req] = e
-        self.request_bodies[self._req] = body
-        self.member.send(Header(MsgType.ASSIGN, req_id=self._req), [encode_json(body)])
+        self.member.send(Header(MsgType.ASSIGN, req_id=self._req), [encode_json(e.assign_request())])
 
     def assign_again(self) -> None:
         """A new scheduler took the job over: the ASSIGNs the lost one never answered go to it."""
         for req, e in list(self.requests.items()):
-            if req in self.request_bodies:
-                self.member.send(Header(MsgType.ASSIGN, req_id=req), [encode_json(self.request_bodies[req])])
+            self.member.send(Header(MsgType.ASSIGN, req_id=req), [encode_json(e.assign_request())])
 
     def cancel(self, e: Entry) -> None:
         """Forget ``e``'s ASSIGN requests (the scheduler failed the tensor)."""
         self.requests = {k: v for k, v in self.requests.items() if v is not e}
-        self.request_bodies = {k: v for k, v in self.request_bodies.items() if k in self.requests}
 
     def init(self, p: Partition, dtype: int, numel: int, body: bytes) -> None:
         self.van.send(p.sock, Header(MsgType.INIT, sender=self.rank, key=p.key, dtype=dtype, gen=self.gen,
@@ -179,7 +175,6 @@ class KVClient:
 
     def _on_assign_ack(self, msg: Msg) -> None:
         e = self.requests.pop(msg.header.req_id, None)
-        self.request_bodies.pop(msg.header.req_id, None)
         if e is not None:
             self.upper.on_assigned(e, decode_json(msg.body()))
 

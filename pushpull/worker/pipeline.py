@@ -96,9 +96,7 @@ class Pipeline:
             e.waiting.append(op)
             if state is NEW:
                 e.state = ASSIGNING
-                self.kv.assign(e, {"name": e.name, "shape": list(e.shape), "dtype": e.dtype.name,
-                                   "parts": [p.nbytes for p in e.parts],
-                                   **({"writers": list(e.spec.writers)} if e.spec.writers is not None else {})})
+                self.kv.assign(e)
 
     def on_assigned(self, e: Entry, result: dict) -> None:
         """The scheduler's answer: each partition's key and server; then its codecs, then INIT."""

@@ -134,6 +134,13 @@ class Entry:
     direct_header: object = None  # the direct path's PUSH header, reused call after call (DirectCalls.push_pull_now)
     assigned: int | None = None  # its tensor key, once the scheduler placed it (told to a scheduler taking over)
 
+    def assign_request(self) -> dict:
+        """What the scheduler places it by (an ASSIGN's body; the same names tell a scheduler that takes the
+        job over where it lives)."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
+                "parts": [p.nbytes for p in self.parts],
+                **({"writers": list(self.spec.writers)} if self.spec.writers is not None else {})}
+
 
 class Op:
     """One push_pull call in flight (a plain class with slots: one is built per tensor per step)."""
