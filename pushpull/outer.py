@@ -91,3 +91,19 @@ def fragments(sizes: list[int], count: int) -> list[list[int]]:
             cur = []
     out.append(cur)
     return out
+
+
+def momentum_after(d, buf, momentum: float, nesterov: bool):
+    """The momentum buffer after an :class:`OuterSGD` step whose update was ``d`` (``(before - after) / lr``),
+    from the one before it (``buf``; None: no step yet): what a worker, which sees only the global parameters
+    each round, infers of the servers' state. With Nesterov ``d = g + mu * buf'`` and ``buf' = mu * buf + g``,
+    so ``g = (d - mu^2 buf) / (1 + mu)``; without, ``buf' = d``. Arrays of NumPy or torch alike. Its error is
+    the parameters' rounding over ``lr * d``, and the recurrence damps an error by ``mu / (1 + mu)`` per step."""
+    if not momentum:
+        return None
+    if not nesterov:
+        return d
+    if buf is None:
+        return d / (1 + momentum)
+    return momentum * buf + (d - momentum * momentum * buf) / (1 + momentum)
+

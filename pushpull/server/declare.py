@@ -16,6 +16,7 @@ import numpy as np
 from pushpull.config import Config
 from pushpull.outer import OuterSGD, round_deadline, settings
 from pushpull.server.keystate import KeyState
+from pushpull.server.reduce import ACC_NP
 from pushpull.server.members import Members
 from pushpull.transport import shm
 from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, dtype_name, encode_json
@@ -82,8 +83,15 @@ class Declarations:
             self._error(identity, h.key, f"this server holds PUSHPULL_SERVER_MAX_KEYS={self.cfg.server_max_keys} "
                                          f"keys already; INIT of key {h.key} refused", h.req_id)
             return
+        try:
+            seed = _seed(req.get("seed"), msg.frames[1:], decl)
+        except ValueError as e:
+            self._error(identity, h.key, f"tensor {decl['name']!r}: rank {rank}'s seed: {e}", h.req_id)
+            return
         pend = self.pending.setdefault(h.key, {"since": time.monotonic(), "by": {}})
         pend["by"][rank] = (identity, h.req_id, decl)
+        if seed is not None and (pend.get("seed") is None or seed[0] > pend["seed"][0]):
+            pend["seed"] = seed  # the newest only: what one key's seeds hold here is bounded by one
         self.complete(h.key, pend)
 
     def complete(self, key: int, pend: dict) -> None:
@@ -144,13 +152,11 @@ class Declarations:
             if problem:
                 self._fail(key, pend, problem)
                 return None
-            from pushpull.server.reduce import ACC_NP
-
             ks.outer = OuterSGD(**settings(decl["meta"] or {}), dtype=ACC_NP[decl["dtype"]])
             ks.outer_deadline = round_deadline(decl["meta"] or {})
+            if pend.get("seed") is not None:  # moved here from a lost server: the workers' copy of its state
+                ks.reseed(*pend["seed"])
         if ks.op == "store":  # asynchronous training: the servers keep the parameters
-            from pushpull.server.reduce import ACC_NP
-
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
         return ks
 
@@ -225,6 +231,30 @@ def _signature(d: dict) -> str:
     for k, v in sorted((d["meta"] or {}).items()):
         sig += f" {k}={v}"
     return sig
+
+
+def _seed(spec, frames: list, decl: dict) -> tuple | None:
+    """An INIT's seed: (round id, global parameters, momentum or None) in the key's accumulation dtype, checked
+    against the declaration (ValueError saying what is wrong), or None when it has none."""
+    if spec is None:
+        return None
+    if decl["op"] != "outer" or not isinstance(spec, dict):
+        raise ValueError("only an outer key takes a seed, as {'round': id, 'momentum': true|false}")
+    rid, has_momentum = spec.get("round"), spec.get("momentum")
+    if type(rid) is not int or rid < 1 or not isinstance(has_momentum, bool):
+        raise ValueError(f"round {rid!r} must be an integer >= 1 and momentum {has_momentum!r} true or false")
+    if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
+        raise ValueError(f"an outer key holds floating-point parameters, not {decl['dtype']}")
+    acc = np.dtype(ACC_NP[decl["dtype"]])
+    if len(frames) != 1 + has_momentum:
+        raise ValueError(f"{len(frames)} frame(s), {1 + has_momentum} expected")
+    arrays = []
+    for f in frames:
+        buf = f.buffer if hasattr(f, "buffer") else memoryview(f)
+        if buf.nbytes != decl["numel"] * acc.itemsize:
+            raise ValueError(f"{buf.nbytes} bytes, {decl['numel']} x {acc.itemsize} expected")
+        arrays.append(np.frombuffer(buf, dtype=acc).copy())
+    return rid, arrays[0], arrays[1] if has_momentum else None
 
 
 def outer_problem(decl: dict) -> str | None:

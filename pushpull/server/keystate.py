@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pushpull.server.reduce import ACC_NP, WIRE_NP, Accumulator, Concat
+from pushpull.server.reduce import ACC_NP, WIRE_NP, Accumulator, Concat, to_wire
 from pushpull.transport.protocol import describe_sig, dtype_code
 
 
@@ -270,11 +270,20 @@ class KeyState:
         self.outer_spans = (self.outer_spans + [time.monotonic() - slot.opened])[-OUTER_AUTO_HISTORY:]
         return self._outer_step(rid, slot)
 
+    def reseed(self, rid: int, params: np.ndarray, momentum: np.ndarray | None) -> None:
+        """Start this outer key from the state its lost server held after round ``rid``, as the workers kept
+        it (the newest any of them had): a retried round ``rid`` is answered with it, round ``rid + 1`` steps
+        from it."""
+        self.outer.params = params
+        self.outer.buf = momentum if self.outer.momentum else None
+        self.outer.rounds = rid
+        self.outer_done = (rid, to_wire(params, self.dtype))
+
     def _outer_step(self, rid: int, slot: Slot) -> Slot:
         """Round ``rid`` is complete (every worker pushed, or its deadline passed): one outer step on the mean
         of the pushes it has (none counted: only newcomers pushed before the deadline; the parameters stay)."""
         if slot.count:
-            result = self.outer.apply(slot.acc.result(), slot.count).astype(WIRE_NP[self.dtype])
+            result = to_wire(self.outer.apply(slot.acc.total(), slot.count), self.dtype)
         elif self.outer_done is not None:
             result = self.outer_done[1]
         else:

@@ -36,6 +36,13 @@ def f32_to_bf16(f: np.ndarray) -> np.ndarray:
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
+def to_wire(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` (in the accumulation dtype) as the wire carries ``dtype`` (bfloat16: its bits, rounded)."""
+    if dtype == "bfloat16":
+        return f32_to_bf16(np.ascontiguousarray(a, dtype=np.float32))
+    return a.astype(WIRE_NP[dtype])
+
+
 _UFUNC = {"sum": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}
 
 
@@ -73,6 +80,11 @@ class Accumulator:
             self._ufunc(self.acc, bf16_to_f32(data), out=self.acc)
         else:
             self._ufunc(self.acc, data, out=self.acc, casting="unsafe")
+
+    def total(self) -> np.ndarray:
+        """The result in the accumulation dtype (an outer step takes it unrounded; for bfloat16 the wire's
+        dtype is its bits)."""
+        return self._held if self._held is not None else self.acc
 
     def result(self) -> np.ndarray:
         """The result in the wire dtype (shares memory with the accumulator, or with the

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pushpull import metrics
-from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
+from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, momentum_after, settings
 from pushpull.outer import round_deadline as round_deadline_of
 from pushpull.torch import functions, ops
 from pushpull.torch.functions import broadcast_parameters
@@ -112,6 +112,11 @@ class DiLoCo:
         self._inflight: dict[int, _Round] = {}     # fragment -> its round whose answer is merged later
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
+        # the servers' outer momentum as this worker can tell it from the global parameters each round brings
+        # (None: none yet), and the round each parameter's global state is from: the seed a new server starts a
+        # key from when its server is lost (_track)
+        self._momentum: list[torch.Tensor | None] = [None] * len(self.params)
+        self._seed_rid = [0] * len(self.params)
         self._ids = 0        # outer rounds started: each round's id (the start is 1)
         self._phase = "start"  # "start", "step" (inside step()), "sync" (inside sync()), "" (between steps)
         self._last_sync = None  # the step of the last sync() (or the start): a second one there is a no-op
@@ -216,6 +221,7 @@ class DiLoCo:
             for i, out in zip(rnd.idx, outs):
                 p = self.params[i][1]
                 new = out.view_as(p).to(device=p.device, dtype=p.dtype)
+                self._track(i, rnd.rid, self._global[i] if self._global else None, new)
                 if self._global:
                     self._global[i].copy_(new)
                 if mixed:
@@ -223,6 +229,28 @@ class DiLoCo:
                 else:
                     p.copy_(new)
         self.rounds += 1
+
+    def _track(self, i: int, rid: int, old: torch.Tensor | None, new: torch.Tensor) -> None:
+        """Round ``rid`` moved parameter ``i``'s global value from ``old`` (None: the start) to ``new``: infer
+        the servers' momentum from the step they took (:func:`pushpull.outer.momentum_after`) and hand both to
+        the engine as the key's seed (pushpull.worker.table.TensorTable.seeds). Exact for the parameters."""
+        if ops.engine() is None:
+            return
+        acc = torch.float64 if new.dtype == torch.float64 else torch.float32
+        if old is not None and not torch.equal(old, new):  # equal: the round had no push to step on
+            d = (old.to(acc) - new.to(acc)) / self.outer["outer_lr"]  # a new tensor: a seed's array stays as sent
+            self._momentum[i] = momentum_after(d, self._momentum[i], self.outer["outer_momentum"],
+                                               self.outer["nesterov"])
+        self._seed_rid[i] = rid
+        self._publish_seed(i, new)
+
+    def _publish_seed(self, i: int, glob: torch.Tensor) -> None:
+        """Parameter ``i``'s seed to the engine: ``glob``, its global value, and the momentum inferred."""
+        buf = self._momentum[i]
+        acc = torch.float64 if glob.dtype == torch.float64 else torch.float32
+        ops.engine().set_seed(f"{self.name}.{self.params[i][0]}", self._seed_rid[i],
+                              glob.detach().to(device="cpu", dtype=acc).reshape(-1).clone().numpy(),
+                              None if buf is None else buf.to(device="cpu").reshape(-1).numpy())
 
     def _round(self, f: int) -> None:
         """Fragment ``f``'s outer round: its pseudo-gradients go out; the answer is taken now, or ``overlap``
@@ -283,7 +311,8 @@ class DiLoCo:
         started = sorted(self._started_now[1]) if self._started_now[0] == self.steps else []
         state = {"steps": self.steps, "ids": self._ids, "rounds": self.rounds, "synced": list(self._synced),
                  "phase": self._phase, "open": [open_[k].describe() for k in sorted(open_)], "started": started,
-                 "last_sync": self._last_sync, "schedule": self._schedule()}
+                 "last_sync": self._last_sync, "schedule": self._schedule(), "seed_rids": list(self._seed_rid),
+                 "momentum": [m is not None for m in self._momentum]}
         _, self._welcomed_gen = self._welcome(state)
         self.welcomed += 1
 
@@ -302,7 +331,15 @@ class DiLoCo:
                 glob = [(n, (self._global[i] if self._global else p.detach()).clone())
                         for i, (n, p) in enumerate(self.params)]
                 broadcast_parameters(glob, root_rank=0, prefix=f"{self.name}.welcome.{gen}.")
-                return {"state": got, "global": [t for _, t in glob]}, gen
+                # the momentum the others inferred: the newcomer's seeds are as good as theirs (_track)
+                has = got.get("momentum", []) if isinstance(got, dict) else []
+                moms = [(n, self._momentum[i].clone() if self._momentum[i] is not None else
+                         torch.zeros_like(p.detach(), dtype=torch.float64 if p.dtype == torch.float64 else
+                                          torch.float32))
+                        for i, (n, p) in enumerate(self.params) if i < len(has) and has[i]]
+                if moms:
+                    broadcast_parameters(moms, root_rank=0, prefix=f"{self.name}.welcome.{gen}.momentum.")
+                return {"state": got, "global": [t for _, t in glob], "momentum": dict(moms)}, gen
             except WorkersChanged as e:
                 if attempt == MAX_RETRIES:
                     raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times while a "
@@ -325,6 +362,10 @@ class DiLoCo:
             for (_, p), g in zip(self.params, got["global"]):
                 p.copy_(g.view_as(p).to(device=p.device, dtype=p.dtype))
         self._global = [p.detach().clone() for _, p in self.params]
+        for i, (n, p) in enumerate(self.params):
+            self._momentum[i] = got["momentum"].get(n)
+            self._seed_rid[i] = int(st["seed_rids"][i])
+            self._publish_seed(i, self._global[i])
         self.steps, self._ids, self.rounds = int(st["steps"]), int(st["ids"]), int(st["rounds"])
         self._synced = [int(s) for s in st["synced"]]
         self._last_sync = st["last_sync"]

@@ -409,6 +409,15 @@ class Engine:
         with self.table.lock:
             return self._entry(name, kind.shape(tensor), kind.dtype(tensor), compression, spec)
 
+    def set_seed(self, name: str, rnd: int, params: np.ndarray, momentum: np.ndarray | None) -> None:
+        """Outer key ``name``'s state after round ``rnd`` as this worker holds it (flat arrays in the key's
+        accumulation dtype that it will not write again): what a new server starts the key from if its
+        server is lost (TensorTable.seeds)."""
+        if params.ndim != 1 or (momentum is not None and momentum.shape != params.shape):
+            raise ValueError(f"tensor {name!r}: a seed is flat parameters and momentum of the same length, got "
+                             f"{params.shape} and {None if momentum is None else momentum.shape}")
+        self.table.seeds[name] = (int(rnd), params, momentum)
+
     def _entry(self, name: str, shape: tuple, dtype: DType, compression: dict | None,
                spec: KeySpec = PLAIN) -> Entry:
         """The partition stage (:meth:`TensorTable.entry`) at this config's sizes; with the table lock held."""

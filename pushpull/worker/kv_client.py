@@ -93,9 +93,10 @@ class KVClient:
         """Forget ``e``'s ASSIGN requests (the scheduler failed the tensor)."""
         self.requests = {k: v for k, v in self.requests.items() if v is not e}
 
-    def init(self, p: Partition, dtype: int, numel: int, body: bytes) -> None:
+    def init(self, p: Partition, dtype: int, numel: int, body: bytes, seed: list = ()) -> None:
+        """INIT of ``p`` (``seed``: an outer key's state, frames after the JSON body)."""
         self.van.send(p.sock, Header(MsgType.INIT, sender=self.rank, key=p.key, dtype=dtype, gen=self.gen,
-                                     numel=numel), [body])
+                                     numel=numel), [body, *seed])
 
     def push(self, p: Partition, rnd: int, dtype: int, numel: int, nbytes: int, flags: int, extra: int,
              sig: int, frame) -> None:

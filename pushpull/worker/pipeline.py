@@ -130,7 +130,8 @@ class Pipeline:
 
     def send_inits(self, e: Entry, parts: list) -> None:
         """INIT of ``parts``. A partition over 64 KiB of a whole, uncompressed reduction whose server is on
-        this host offers to exchange its payloads through shared memory (the server decides)."""
+        this host offers to exchange its payloads through shared memory (the server decides). An outer key
+        with a seed (it moved: its server was lost) carries its slice of the seed for the new server."""
         decl = {"name": e.name, "compression": e.compression, **e.spec.declaration()}
         body = encode_json(decl)
         kv = self.kv
@@ -138,9 +139,17 @@ class Pipeline:
         if kv.shm_socks and e.compression is None and e.spec.readers is None and e.spec.writers is None:
             offer = encode_json({**decl, "shm": True})
         itemsize = e.itemsize
+        seed = self.table.seeds.get(e.name)  # read once: the user's thread replaces it after each outer round
         for p in parts:
             shared = offer is not None and p.sock in kv.shm_socks and p.nbytes > kv.shm_min_bytes
-            kv.init(p, e.code, p.nbytes // itemsize, offer if shared else body)
+            if seed is None:
+                kv.init(p, e.code, p.nbytes // itemsize, offer if shared else body)
+                continue
+            rid, params, momentum = seed
+            lo, n = p.offset // itemsize, p.nbytes // itemsize
+            frames = [params[lo:lo + n]] + ([momentum[lo:lo + n]] if momentum is not None else [])
+            kv.init(p, e.code, n, encode_json({**decl, "seed": {"round": rid, "momentum": momentum is not None}}),
+                    frames)
 
     def on_inited(self, e: Entry) -> None:
         e.pending_inits -= 1

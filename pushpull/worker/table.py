@@ -181,6 +181,11 @@ class TensorTable:
     def __init__(self):
         self.entries: dict[str, Entry] = {}
         self.lock = threading.Lock()
+        # outer keys' state as this worker last saw it, by name: (round id, global parameters, momentum or
+        # None), flat arrays in the accumulation dtype, never written after they are set. A partition that
+        # moves to another server (its server was lost) is declared there with its slice of it, and the new
+        # server starts from the newest seed it is given (pushpull.server.declare)
+        self.seeds: dict[str, tuple] = {}
 
     def entry(self, name: str, shape: tuple, dtype: dtypes.DType, compression: dict | None, spec: KeySpec,
               cfg) -> Entry:

@@ -116,3 +116,19 @@ def test_a_straggler_past_the_round_deadline_does_not_hold_the_others():
     assert all(s == "True" for _, s in rows.values()), out[-3000:]
     assert rows[0][0] < 4.5 and rows[1][0] < 4.5, rows  # not the 6 s the straggler slept
     assert re.search(r"completed after its deadline .* rank\(s\) \[2\] had not pushed", out), out[-3000:]
+
+
+@pytest.mark.parametrize("config", list(diloco_worker.JOIN_CONFIGS))
+def test_a_lost_servers_outer_state_is_seeded_from_the_workers(config):
+    """--servers 2 --min-workers 2: a server holding some of the outer keys is SIGKILLed between the first and
+    the second outer round that has momentum; its keys move to the other server, which starts them from the
+    workers' seeds (global parameters, momentum inferred), and all three ranks end within 1e-5 of the
+    undisturbed reference (tests/scripts/diloco_worker.py server_loss)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--", sys.executable, str(WORKER), "loss",
+            config]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "partition(s) move to the other 1 server(s)" in out, out[-3000:]
+    assert len(re.findall(r"CASE loss ok rank \d", out)) == 3 and "CASE loss FAIL" not in out, out[-3000:]

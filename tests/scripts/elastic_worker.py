@@ -9,27 +9,10 @@ import time
 import torch
 
 import pushpull.torch as bps
+from victims import kill_a_server
 
 KILL = os.environ.get("ELASTIC_KILL", "worker")  # what dies mid-run: this script's rank 1, or a server
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))  # slow steps, so a replacement joins mid-run
-
-
-def kill_a_server() -> None:
-    """SIGKILL one of this job's servers (found through /proc: same scheduler port)."""
-    from pathlib import Path
-
-    port = f"DMLC_PS_ROOT_PORT={bps.config().root_port}".encode()
-    for d in Path("/proc").iterdir():
-        try:
-            env = (d / "environ").read_bytes().split(b"\0")
-            if d.name.isdigit() and port in env and b"DMLC_ROLE=server" in env:
-                print(f"VICTIM server pid {d.name} dies now", flush=True)
-                os.kill(int(d.name), signal.SIGKILL)
-                return
-        except OSError:
-            continue
-    raise RuntimeError("no server found")
-
 
 bps.init()
 late = bps.engine().joined_late  # a replacement (--restart-workers): it joined the running job
