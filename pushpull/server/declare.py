@@ -158,6 +158,8 @@ class Declarations:
                 ks.reseed(*pend["seed"])
         if ks.op == "store":  # asynchronous training: the servers keep the parameters
             ks.store = np.zeros(decl["numel"], dtype=ACC_NP[decl["dtype"]])
+            if pend.get("seed") is not None:  # moved here from a lost server: the newest copy a worker pulled
+                ks.store = pend["seed"][1]
         return ks
 
     def _share(self, ks: KeyState, pend: dict) -> None:
@@ -238,13 +240,15 @@ def _seed(spec, frames: list, decl: dict) -> tuple | None:
     against the declaration (ValueError saying what is wrong), or None when it has none."""
     if spec is None:
         return None
-    if decl["op"] != "outer" or not isinstance(spec, dict):
-        raise ValueError("only an outer key takes a seed, as {'round': id, 'momentum': true|false}")
+    if decl["op"] not in ("outer", "store") or not isinstance(spec, dict):
+        raise ValueError("only an outer or store key takes a seed, as {'round': id, 'momentum': true|false}")
     rid, has_momentum = spec.get("round"), spec.get("momentum")
     if type(rid) is not int or rid < 1 or not isinstance(has_momentum, bool):
         raise ValueError(f"round {rid!r} must be an integer >= 1 and momentum {has_momentum!r} true or false")
     if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
-        raise ValueError(f"an outer key holds floating-point parameters, not {decl['dtype']}")
+        raise ValueError(f"a seed is floating-point parameters, not {decl['dtype']}")
+    if has_momentum and decl["op"] != "outer":
+        raise ValueError("only an outer key has momentum")
     acc = np.dtype(ACC_NP[decl["dtype"]])
     if len(frames) != 1 + has_momentum:
         raise ValueError(f"{len(frames)} frame(s), {1 + has_momentum} expected")

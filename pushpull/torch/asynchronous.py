@@ -11,6 +11,11 @@ barrier, all pull, and wait at a second one (a fast worker's first delta must no
 before a slow one has pulled the start). After that a step is: local step -> push delta -> pull parameters. Only job
 members can push (authenticated connections, the sender checked against its connection). The
 learning rate is a single worker's: every delta lands, so n workers take n steps of it per round.
+
+A lost server (elastic training, ``--min-workers``): each pull is also kept as the key's *seed*, and the
+server a key moves to starts from the newest one its workers give, not from zeros. A change costs at most
+the deltas in flight when it came (their answers fail; they are not sent again, so none lands twice) and
+those the lost server took after the newest pull.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import torch
 from pushpull.torch import ops
 from pushpull.torch.hooks import register_step_callback, step_done
 from pushpull.worker.engine import KeySpec
+from pushpull.worker.handle import WorkersChanged
 
 STORE = KeySpec(kind="async", op="store")
 
@@ -36,6 +42,7 @@ class _AsyncOptimizer(torch.optim.Optimizer):
             if missing:
                 raise ValueError(f"{len(missing)} parameter(s) of the optimizer are not in named_parameters")
         self.pushes = 0
+        self.changes = 0  # changes of the job (elastic training) taken inside step()
         self._start()
 
     def _start(self) -> None:
@@ -51,8 +58,16 @@ class _AsyncOptimizer(torch.optim.Optimizer):
 
     def _pull_all(self) -> None:
         for p, key in self._keys.items():
-            with torch.no_grad():
-                p.copy_(ops.reduce_now(torch.zeros_like(p.detach()), None, False, key, spec=STORE))
+            self._take(p, key, ops.reduce_now(torch.zeros_like(p.detach()), None, False, key, spec=STORE))
+
+    def _take(self, p: torch.Tensor, key: str, pulled: torch.Tensor) -> None:
+        """The servers' parameters into ``p``, and kept as the key's seed: if its server is lost, the server
+        it moves to starts from the newest copy a worker pulled (the pulled tensor is this call's own and
+        is not written again, so the seed is a view of it, not a copy)."""
+        with torch.no_grad():
+            p.copy_(pulled)
+        acc = torch.float64 if pulled.dtype == torch.float64 else torch.float32
+        ops.set_seed(key, self.pushes + 1, pulled.detach().to(device="cpu", dtype=acc).reshape(-1).numpy())
 
     def step(self, closure=None):
         if ops.engine() is None:
@@ -61,14 +76,39 @@ class _AsyncOptimizer(torch.optim.Optimizer):
             return result
         before = {p: p.detach().clone() for p in self._keys}
         result = super(self.__class__, self).step(closure)  # type: ignore[misc]
-        handles = [(p, ops.submit_key(p.detach() - before[p], None, False, key, 0, None, STORE))
-                   for p, key in self._keys.items()]
-        with torch.no_grad():
-            for p, h in handles:  # the servers' parameters, with every worker's deltas so far
-                p.copy_(ops.synchronize(h))
+        handles = []
+        for p, key in self._keys.items():
+            delta = p.detach() - before[p]
+            try:
+                handles.append((p, key, ops.submit_key(delta, None, False, key, 0, None, STORE)))
+            except WorkersChanged:  # noticed as it was submitted, nothing went out: it goes in the new job
+                handles.append((p, key, ops.submit_key(delta, None, False, key, 0, None, STORE)))
+        changed = None
+        for p, key, h in handles:  # the servers' parameters, with every worker's deltas so far
+            try:
+                self._take(p, key, ops.synchronize(h))
+            except WorkersChanged as e:  # a server or a worker was lost (elastic training): see _changed
+                changed = e
+        if changed is not None:
+            self._changed(changed)
         self.pushes += 1
         step_done(self)
         return result
+
+    def _changed(self, why: WorkersChanged) -> None:
+        """The job changed under this step's pushes. A delta whose answer did not come may or may not have
+        landed (on a surviving server before the change; on the lost one, and lost with it): it is not sent
+        again, so none lands twice, and every parameter is pulled again from the servers of the new job (a
+        moved key starts from its seed). The cost: at most this step's delta of this worker, and the deltas
+        the lost server took after the newest pull any worker made."""
+        self.changes += 1
+        for attempt in range(3):
+            try:
+                self._pull_all()
+                return
+            except WorkersChanged as e:
+                why = e
+        raise WorkersChanged(f"asynchronous training: the workers changed 3 times in a row: {why}")
 
     register_step_callback = register_step_callback
 

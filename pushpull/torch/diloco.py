@@ -248,7 +248,7 @@ class DiLoCo:
         """Parameter ``i``'s seed to the engine: ``glob``, its global value, and the momentum inferred."""
         buf = self._momentum[i]
         acc = torch.float64 if glob.dtype == torch.float64 else torch.float32
-        ops.engine().set_seed(f"{self.name}.{self.params[i][0]}", self._seed_rid[i],
+        ops.set_seed(f"{self.name}.{self.params[i][0]}", self._seed_rid[i],
                               glob.detach().to(device="cpu", dtype=acc).reshape(-1).clone().numpy(),
                               None if buf is None else buf.to(device="cpu").reshape(-1).numpy())
 

@@ -42,6 +42,15 @@ def set_name_suffix(suffix: str) -> None:
     CONTEXT.name_suffix = suffix
 
 
+def set_seed(key: str, rnd: int, params, momentum=None) -> None:
+    """The state a server-held key (an outer key, a store key) had after round ``rnd`` as this worker saw it
+    (flat NumPy arrays in the key's accumulation dtype, not written again): a server the key moves to when
+    its own is lost starts from the newest seed its workers give (no-op without an engine)."""
+    eng = CONTEXT.need_init().engine
+    if eng is not None:
+        eng.set_seed(key + CONTEXT.name_suffix, rnd, params, momentum)
+
+
 key_name = CONTEXT.key_name
 like = CONTEXT.like
 release_key = CONTEXT.release_key

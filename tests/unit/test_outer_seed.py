@@ -88,7 +88,8 @@ OUTER_META = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
 
 
 def _init(decls, rank: int, seed=None, frames=(), numel: int = 4, op: str = "outer", dtype: str = "float32"):
-    req = {"name": "diloco.w", "op": op, "kind": "diloco", "meta": OUTER_META if op == "outer" else None}
+    req = {"name": "diloco.w", "op": op, "kind": "diloco" if op == "outer" else "async",
+           "meta": OUTER_META if op == "outer" else None}
     if seed is not None:
         req["seed"] = seed
     h = Header(MsgType.INIT, sender=rank, key=7, dtype=dtype_code(dtype), numel=numel, req_id=rank + 1)
@@ -105,6 +106,19 @@ def test_the_new_server_starts_a_moved_key_from_the_newest_seed():
     assert not replies.errors and len(replies.acks) == 2
 
 
+def test_a_moved_store_key_starts_from_the_newest_pull():
+    decls, keys, replies = _declarations()
+    _init(decls, 0, {"round": 3, "momentum": False}, [np.full(4, 7.0, np.float32).tobytes()], op="store")
+    _init(decls, 1, {"round": 9, "momentum": False}, [np.full(4, 5.0, np.float32).tobytes()], op="store")
+    assert list(keys[7].store) == [5.0] * 4 and not replies.errors
+
+
+def test_a_store_seed_with_momentum_is_refused():
+    decls, keys, replies = _declarations()
+    _init(decls, 0, {"round": 3, "momentum": True}, [np.zeros(4, np.float32).tobytes()] * 2, op="store")
+    assert keys == {} and "only an outer key has momentum" in replies.errors[0][1]
+
+
 def test_a_key_declared_without_seeds_starts_empty():
     decls, keys, _ = _declarations()
     _init(decls, 0), _init(decls, 1)
@@ -115,7 +129,7 @@ def test_a_key_declared_without_seeds_starts_empty():
     ({"round": 3, "momentum": False}, [np.zeros(3, np.float32).tobytes()], "outer", "12 bytes, 4 x 4 expected"),
     ({"round": 3, "momentum": True}, [np.zeros(4, np.float32).tobytes()], "outer", "1 frame"),
     ({"round": 0, "momentum": False}, [np.zeros(4, np.float32).tobytes()], "outer", "integer >= 1"),
-    ({"round": 3, "momentum": False}, [np.zeros(4, np.float32).tobytes()], "sum", "only an outer key"),
+    ({"round": 3, "momentum": False}, [np.zeros(4, np.float32).tobytes()], "sum", "only an outer or store key"),
 ])
 def test_a_malformed_seed_is_refused_naming_the_rank(seed, frames, op, needle):
     decls, keys, replies = _declarations()
