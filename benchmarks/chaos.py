@@ -3,7 +3,8 @@
     flock /tmp/pushpull-cpu.lock python benchmarks/chaos.py [--minutes 10] [--every 30:60] [--seed 0]
         [--out docs/results/chaos.md]
 
-One job, ``pushpull launch --workers 4 --servers 4 --min-workers 2 --restart-workers 99 --restart-scheduler 99``,
+One job, ``pushpull launch --workers 4 --servers 4 --min-workers 2 --restart-workers 99 --restart-servers 99
+--restart-scheduler 99``,
 trains the digits MLP with ``pushpull.torch.elastic.run`` (a commit per epoch, a 50 ms sleep per step standing in
 for compute) for as long as ``--minutes`` says. Every 30-60 s (``--every``) this script picks a victim, each role
 (worker, server, scheduler) at least ``--each`` times in a shuffled order, and sends it SIGKILL or SIGSTOP (one
@@ -11,7 +12,8 @@ of the two at random):
 
 * a worker: the others restore their last commit and go on; the launcher starts a replacement, which comes in
   (a stopped one is found silent after PUSHPULL_HEARTBEAT_TIMEOUT=5, dropped, and ended by the launcher);
-* a server: its partitions move to the others (a lost server is not replaced: with 4 servers, 3 losses);
+* a server: its partitions move to the others; the launcher starts a replacement, which takes its place and
+  the partitions that had left it (a stopped one is dropped after the heartbeat timeout and ended);
 * the scheduler: the nodes work on, the launcher starts a new one, and they register with it again.
 
 Every step also sums an integer tensor (each rank's rank + 1) and checks the exact sum for the job's size; a
@@ -154,7 +156,8 @@ def _role(pid: int) -> str | None:
 def run_job(args, epochs: int, seconds: float, chaos: list | None) -> dict:
     """One job; ``chaos``: [(role, signal)] to send in order, every ``args.every`` seconds."""
     cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers",
-           str(args.servers), "--min-workers", "2", "--restart-workers", "99", "--restart-scheduler", "99",
+           str(args.servers), "--min-workers", "2", "--restart-workers", "99", "--restart-servers", "99",
+           "--restart-scheduler", "99",
            "--env", "PUSHPULL_HEARTBEAT_TIMEOUT=5", "--env", "PUSHPULL_TIMEOUT=60", "--env", "OMP_NUM_THREADS=1",
            "--", sys.executable, str(Path(__file__).resolve()), "--worker", "--epochs", str(epochs),
            "--seconds", str(seconds)]
@@ -216,6 +219,7 @@ def recovery(job: dict) -> list[dict]:
             stalls.append((float(m.group(1)), float(m.group(2))))
     joins = [t for t, ln in job["lines"] if "worker joined the running job as rank" in ln]
     takeovers = [t for t, ln in job["lines"] if "took the running job over" in ln]
+    servers_back = [t for t, ln in job["lines"] if "a replacement server (pid" in ln]
     out = []
     for i, e in enumerate(job["events"]):
         if e.get("pid") is None:
@@ -234,6 +238,9 @@ def recovery(job: dict) -> list[dict]:
         if e["role"] == "worker":
             j = [x for x in joins if t < x < nxt]
             extra["replacement_in_s"] = (j[0] - t) if j else None
+        if e["role"] == "server":
+            k = [x for x in servers_back if t < x < nxt]
+            extra["replacement_in_s"] = (k[0] - t) if k else None
         if e["role"] == "scheduler":
             k = [x for x in takeovers if t < x < nxt]
             extra["takeover_s"] = (k[0] - t) if k else None
@@ -243,7 +250,7 @@ def recovery(job: dict) -> list[dict]:
 
 def schedule(args) -> list[tuple[str, str]]:
     rng = random.Random(args.seed)
-    roles = ["worker"] * args.each + ["server"] * min(args.each, args.servers - 1) + ["scheduler"] * args.each
+    roles = ["worker"] * args.each + ["server"] * args.each + ["scheduler"] * args.each
     rng.shuffle(roles)
     return [(r, rng.choice(["SIGKILL", "SIGSTOP"])) for r in roles]
 
@@ -255,10 +262,11 @@ def report(args, control: dict, runs: list[tuple[dict, list]]) -> str:
              f"--workers {args.workers} --servers {args.servers}"
              + (f" --no-control {args.no_control}" if args.no_control else "") + "`: "
              f"{args.workers} workers, {args.servers} servers, `--min-workers 2 --restart-workers 99 "
-             f"--restart-scheduler 99`, PUSHPULL_HEARTBEAT_TIMEOUT=5; the digits MLP under `elastic.run` (a "
+             f"--restart-servers 99 --restart-scheduler 99`, PUSHPULL_HEARTBEAT_TIMEOUT=5; the digits MLP under "
+             f"`elastic.run` (a "
              f"commit per epoch, {STEP_SLEEP_S * 1000:.0f} ms of sleep per step for compute). A failure every "
-             f"{args.every[0]:g}-{args.every[1]:g} s: each role at least {args.each} times (servers at most "
-             f"{args.servers - 1}: a lost server is not replaced), SIGKILL or SIGSTOP at random.", "",
+             f"{args.every[0]:g}-{args.every[1]:g} s: each role at least {args.each} times, SIGKILL or SIGSTOP "
+             f"at random; every lost process is replaced.", "",
              (f"Undisturbed run: {control['result']['epochs']} epochs, held-out accuracy "
               f"{control['result']['accuracy']:.4f}, {control['wall']:.0f} s." if control["result"]["accuracy"] is not None
               else f"No undisturbed run (--no-control): {control['result']['epochs']} epochs, accuracy floor 0.95."),
@@ -282,7 +290,7 @@ def report(args, control: dict, runs: list[tuple[dict, list]]) -> str:
         for e in rows:
             other = e.get("replacement_in_s", e.get("takeover_s"))
             lines.append(f"| {e['t'] - t0:.0f} | {e['role']} | {e['signal']} | {e['stall_s']:.1f} s | "
-                         + ("" if e["role"] == "server" else ("never" if other is None else f"{other:.1f} s")) + " |")
+                         + ("never" if other is None else f"{other:.1f} s") + " |")
         lines.append("")
         all_rows += rows
     lines += ["## Recovery per kind of failure (all runs)", "",
@@ -321,7 +329,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     args.every = tuple(float(v) for v in args.every.split(":"))
-    planned = args.each * 2 + min(args.each, args.servers - 1)
+    planned = args.each * 3
     seconds = max(args.minutes * 60, planned * args.every[1]) + args.every[1]
     args.job_timeout = seconds * 3 + 120
     if args.no_control:

@@ -18,7 +18,9 @@ training text (the same tokens per method):
 * churn, a suffix on a DiLoCo method: **-lose** (``diloco100-lose``): the last rank SIGKILLs itself at step
   ``--kill-at`` and the job goes on without it (``--min-workers N-1``); **-replace**: the same, and the
   launcher starts it again (``--restart-workers 1``): the replacement comes into the running job where the
-  others are, with a fresh inner optimizer and its own random windows.
+  others are, with a fresh inner optimizer and its own random windows; **-serverloss**: the job has 2
+  servers and rank 0 SIGKILLs one of them at step ``--kill-at``; its keys move to the other, which starts
+  them from the workers' seeds (the global parameters and the outer momentum they inferred).
 
 AdamW's learning rate warms up over the first 5 % of the steps and stays constant after. The held-out loss
 (mean cross entropy in nats per byte over fixed windows of the held-out files) is taken at the end from
@@ -58,11 +60,25 @@ def _lr(method: str, default: float) -> float:
 
 
 def _churn(method: str) -> str:
-    """'' (undisturbed), 'lose' or 'replace'."""
+    """'' (undisturbed), 'lose', 'replace' or 'serverloss'."""
     churn = method.split("@")[0].partition("-")[2]
-    if churn not in ("", "lose", "replace"):
-        raise SystemExit(f"{method}: the churn suffix must be -lose or -replace")
+    if churn not in ("", "lose", "replace", "serverloss"):
+        raise SystemExit(f"{method}: the churn suffix must be -lose, -replace or -serverloss")
     return churn
+
+
+def kill_a_server(root_port: int) -> int:
+    """SIGKILL one of this job's servers (found through /proc: the same scheduler port); returns its pid."""
+    port = f"DMLC_PS_ROOT_PORT={root_port}".encode()
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            if d.name.isdigit() and port in env and b"DMLC_ROLE=server" in env:
+                os.kill(int(d.name), signal.SIGKILL)
+                return int(d.name)
+        except OSError:
+            continue
+    raise RuntimeError("no server of this job found")
 
 
 def _codec(method: str) -> str:
@@ -127,6 +143,15 @@ def worker(args) -> None:
             kw = dict(fragments=4, overlap=5, compression=bps.Compression.build(
                 codec, **({"block": 256} if codec == "int8" else {"group": 64})))
         opt = bps.DiLoCo(inner, m.named_parameters(), sync_every=h, name=method, **kw)
+        seeds = {"s": 0.0, "calls": 0}  # the steady-state cost of keeping the servers' state (issue 30, item 3)
+        track = opt._track
+
+        def timed_track(*a, _track=track):
+            t = time.perf_counter()
+            _track(*a)
+            seeds["s"] += time.perf_counter() - t
+            seeds["calls"] += 1
+        opt._track = timed_track
     newcomer = getattr(opt, "joined_at", None) is not None
     if newcomer:
         print(f"NEWCOMER rank {rank} came into the running job at step {opt.joined_at}", flush=True)
@@ -134,11 +159,15 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     losses = []
     is_sync = _base(method) == "sync"
+    killed = 0
     while (len(losses) if is_sync else opt.steps) < args.steps:  # a newcomer starts at the job's step
         step = len(losses) if is_sync else opt.steps
         if _churn(method) and step == args.kill_at and rank == size - 1 and not newcomer:
             print(f"rank {rank} SIGKILLs itself at step {step} (--kill-at)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if _churn(method) == "serverloss" and step == args.kill_at and rank == 0 and not killed:
+            killed = kill_a_server(bps.config().root_port)
+            print(f"rank 0 SIGKILLed server pid {killed} at step {step} (--kill-at)", flush=True)
         starts = torch.randint(0, len(train_t) - CONTEXT - 1, (args.batch,), generator=gen)
         x = torch.stack([train_t[s:s + CONTEXT] for s in starts])
         loss = m(input_ids=x, labels=x).loss
@@ -166,13 +195,17 @@ def worker(args) -> None:
         print("RESULT " + json.dumps({"method": method, "held_out_loss": held_loss, "params": params,
                                       "workers": size, "steps": args.steps, "wall_s": wall,
                                       "tokens": args.steps * args.batch * CONTEXT * size,
-                                      "train_loss_end": sum(losses[-20:]) / len(losses[-20:])}), flush=True)
+                                      "train_loss_end": sum(losses[-20:]) / len(losses[-20:]),
+                                      **({} if is_sync else {"seed_s": seeds["s"], "rounds": opt.rounds,
+                                                             "servers_lost": sorted(bps.engine().servers_lost)})}),
+              flush=True)
     bps.shutdown()
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--servers", type=int, default=1, help="servers of every job (a -serverloss one has 2)")
     p.add_argument("--steps", type=int, default=600, help="inner steps per worker (the same for every method)")
     p.add_argument("--batch", type=int, default=8, help="windows of 128 bytes per worker per step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW's (the inner optimizer's for DiLoCo)")
@@ -199,8 +232,10 @@ def main(argv=None) -> int:
         for k in ("steps", "batch", "lr", "n_embd", "n_layer", "n_head", "eval_windows", "kill_at"):
             argv_w += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
         churn = {"": [], "lose": ["--min-workers", str(args.workers - 1)],
-                 "replace": ["--min-workers", str(args.workers - 1), "--restart-workers", "1"]}[_churn(method)]
-        cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers", "1", *churn,
+                 "replace": ["--min-workers", str(args.workers - 1), "--restart-workers", "1"],
+                 "serverloss": ["--min-workers", str(args.workers - 1)]}[_churn(method)]
+        servers = "2" if _churn(method) == "serverloss" else str(args.servers)
+        cmd = [sys.executable, "-m", "pushpull", "launch", "--workers", str(args.workers), "--servers", servers, *churn,
                "--env", "OMP_NUM_THREADS=1", "--", *argv_w]
         t0 = time.monotonic()
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ))
@@ -213,6 +248,9 @@ def main(argv=None) -> int:
         r["job_s"] = time.monotonic() - t0
         came = re.search(r"NEWCOMER rank \d+ came into the running job at step (\d+)", out)
         r["newcomer_at"] = int(came.group(1)) if came else None
+        if _churn(method) == "serverloss" and not r.get("servers_lost"):
+            print(out[-4000:])
+            raise SystemExit(f"{method}: no server was lost")
         if _churn(method) == "replace" and came is None:
             print(out[-4000:])
             raise SystemExit(f"{method}: no replacement came into the job")
@@ -265,12 +303,24 @@ def report(args, results: list[dict]) -> str:
         elif _churn(m) == "replace":
             label += (f", last rank lost at step {args.kill_at}, its replacement in at step "
                       f"{r.get('newcomer_at')}")
+        elif _churn(m) == "serverloss":
+            label += f", one of 2 servers lost at step {args.kill_at}"
         rounds = "every step" if h is None else f"{args.steps // h}"
         vs = "" if sync is None or _base(m) == "sync" else f"{100 * (r['held_out_loss'] / sync['held_out_loss'] - 1):+.2f} %"
         calm = by_method.get(base) if _churn(m) else None
         vs_calm = "" if calm is None else f"{100 * (r['held_out_loss'] / calm['held_out_loss'] - 1):+.2f} %"
         lines.append(f"| {label} | {rounds} | {r['held_out_loss']:.4f} | {vs} | {vs_calm} | "
                      f"{r['train_loss_end']:.4f} | {r['wall_s']:.0f} s |")
+    seeded = [r for r in results if "seed_s" in r]
+    if seeded:
+        lines += ["", "The steady-state cost of keeping the servers' state on the workers (issue 30, item 3): the CPU "
+                  "time rank 0 spent inferring the outer momentum and copying the seed, each round (no bytes on "
+                  "any link: a seed travels only when its server is lost), against the run's wall time:", "",
+                  "| method | rounds | seeds' CPU | per round | of the wall time |", "|---|---:|---:|---:|---:|"]
+        for r in seeded:
+            rounds = max(1, r["rounds"])
+            lines.append(f"| {r['method']} | {r['rounds']} | {r['seed_s']:.2f} s | {1e3 * r['seed_s'] / rounds:.0f} ms "
+                         f"| {100 * r['seed_s'] / r['wall_s']:.2f} % |")
     lines += ["", "Goals (issue 29): held-out loss within 2 % of synchronous at H = 100 (item 4; DiLoCo's finding "
               "at 8 workers, over 88,000 steps; here the run is far shorter, so H = 100 means few outer rounds); "
               "with one worker lost and one started mid-run, within 3 % of the undisturbed run (item 6)."]

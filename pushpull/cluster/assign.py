@@ -50,6 +50,7 @@ class Assigner:
         self.load = [0] * num_servers
         self.tensors: dict[str, dict] = {}
         self.dead: set[int] = set()  # servers lost (elastic): nothing is assigned to them any more
+        self.homes: dict[int, int] = {}  # partition key -> the lost server it moved away from (add_server)
         self.next_key = 1  # a new tensor's key (never one a server may still hold)
         # a worker came into the running job then: the tensors declared before it are not its to declare yet
         # (it syncs first), so they are no evidence of workers naming tensors differently
@@ -73,7 +74,42 @@ class Assigner:
                     self.load[new] += t["decl"]["parts"][i]
                     res["servers"][i] = new
                     moved[part_key(res["key"], i)] = new
+                    self.homes.setdefault(part_key(res["key"], i), lost)
         self.load[lost] = 0
+        return moved
+
+    def add_server(self, index: int) -> dict[int, int]:
+        """A replacement takes lost server ``index``'s place: it is assigned to again, and the partitions that
+        moved away from ``index`` when it was lost move back (the placement of before the loss); where that is
+        not known (a scheduler that took the job over since), partitions move to it from the most loaded
+        servers, the largest first, while that brings it nearer the mean load. Returns {partition key:
+        ``index``}, which every worker applies the same way."""
+        self.dead.discard(index)
+        self.load[index] = 0
+        where = {}  # partition key -> (its size, the result holding its server)
+        for t in self.tensors.values():
+            if "result" in t:
+                res = t["result"]
+                for i, nbytes in enumerate(t["decl"]["parts"]):
+                    where[part_key(res["key"], i)] = (nbytes, res, i)
+        homes = [k for k, home in self.homes.items() if home == index and k in where]
+        if not homes:
+            load = list(self.load)  # as it would be after each move
+            target = sum(load) / len(self._alive())
+            for k, (nbytes, res, i) in sorted(where.items(), key=lambda kv: -kv[1][0]):
+                src = res["servers"][i]
+                if src != index and load[src] - nbytes >= target and load[index] + nbytes / 2 <= target:
+                    homes.append(k)
+                    load[src] -= nbytes
+                    load[index] += nbytes
+        moved: dict[int, int] = {}
+        for k in homes:
+            nbytes, res, i = where[k]
+            self.load[res["servers"][i]] -= nbytes
+            self.load[index] += nbytes
+            res["servers"][i] = index
+            moved[k] = index
+            self.homes.pop(k, None)
         return moved
 
     def assign(self, rank: int, req: dict) -> dict:

@@ -169,6 +169,8 @@ class Scheduler:
         if self.ready:
             if role == "worker" and self.cfg.min_workers and not self.terminating:
                 self._late_worker(identity, info)
+            elif role == "server" and self.cfg.min_workers and not self.terminating:
+                self._late_server(identity, info)
             else:
                 self._refuse(identity, "the job is already running; a late node cannot join" + (
                     "" if role != "worker" else " (a worker can, in an elastic job: PUSHPULL_MIN_WORKERS / "
@@ -239,11 +241,40 @@ class Scheduler:
         # hands the newcomer its schedule then)
         self._new_generation(f"a late worker came in as rank {node.node_id}", {}, {"came_in": [node.node_id]})
 
+    def _late_server(self, identity: bytes, info: dict) -> None:
+        """Elastic training: a server that registers after the start (a replacement the launcher started under
+        --restart-servers, or one started by hand) takes a lost server's place: its index, and a fair share of
+        the partitions, which move to it in a new generation (the workers declare them there; an outer or a
+        store key starts from the workers' seeds). Without a lost server to replace it is refused."""
+        if self._reset_waiting or self._joining:  # a change is being applied: this one follows it
+            self._join_queue.append((identity, info))
+            return
+        dead = [i for i, s in enumerate(self.servers) if s.dead]
+        if not dead:
+            self._refuse(identity, f"the job has its {self.num_servers} servers; a late server only replaces a "
+                                   f"lost one")
+            return
+        index = dead[0]
+        node = NodeInfo(identity, "server", nodes.server_node(index), info)
+        node.last_seen = time.monotonic()
+        self.servers[index] = node
+        self.by_identity[identity] = node
+        self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(self._book(node))])
+        moved = self.assigner.add_server(index) if self.assigner is not None else {}
+        log.warning("a replacement server (pid %s on %s) takes server %d's place; %d partition(s) move to it",
+                    info.get("pid"), info.get("hostname"), index, len(moved))
+        self._new_generation(f"a replacement server came in as server {index}", moved,
+                             {"servers_added": [self._server_entry(index, node)]})
+
+    @staticmethod
+    def _server_entry(index: int, s: NodeInfo) -> dict:
+        """Where the workers reach server ``index`` (its entry in the address book)."""
+        return {"rank": index, "host": s.info["host"], "port": s.info["port"], "lane": s.info.get("lane"),
+                "ipc": s.info.get("ipc")}
+
     def _book(self, node: NodeInfo) -> dict:
         # a server lost in an elastic job is left out (its partitions moved); the others keep their index
-        servers = [{"rank": i, "host": s.info["host"], "port": s.info["port"],
-                    "lane": s.info.get("lane"), "ipc": s.info.get("ipc")} for i, s in enumerate(self.servers)
-                   if not s.dead]
+        servers = [self._server_entry(i, s) for i, s in enumerate(self.servers) if not s.dead]
         workers = [{"rank": r, "hostname": w.info.get("hostname"), "local_rank": w.info.get("local_rank"),
                     "pid": w.info.get("pid"), "local_reduce": w.info.get("local_reduce")}
                    for r, w in sorted(self.workers.items())]
@@ -609,7 +640,7 @@ class Scheduler:
             if self.terminating or self.exit_code:
                 self._refuse(identity, "the job is ending; a late worker cannot join it")
             elif identity not in self.by_identity:
-                self._late_worker(identity, info)
+                (self._late_server if info.get("role") == "server" else self._late_worker)(identity, info)
 
     def _finish(self, node: NodeInfo) -> None:
         node.finished = True

@@ -82,12 +82,13 @@ class Supervisor:
     """Starts children, relays their output, and tears everything down on failure."""
 
     def __init__(self, prefix_output: bool = True, min_workers: int = 0, restart_workers: int = 0,
-                 restart_scheduler: int = 0):
+                 restart_scheduler: int = 0, restart_servers: int = 0):
         self.children: list[Child] = []
         self.scheduler_restarts_left = restart_scheduler  # a lost scheduler started again, at most this many times
         self.min_workers = min_workers  # elastic: workers may die while at least this many remain
         self.restarts_left = restart_workers  # elastic: lost workers replaced, at most this many in all
-        self._restart_at: list[tuple[float, Child]] = []  # (when, the lost worker) replacements due
+        self.server_restarts_left = restart_servers  # elastic: lost servers replaced, at most this many in all
+        self._restart_at: list[tuple[float, Child]] = []  # (when, the lost worker or server) replacements due
         self.lost: list[Child] = []
         self.prefix_output = prefix_output
         self.out_lock = threading.Lock()
@@ -165,8 +166,9 @@ class Supervisor:
                     pass
 
     def _start_due_replacements(self) -> None:
-        """--restart-workers: start a lost worker's replacement, the same command and environment, which joins
-        the running job as its last rank (docs/elastic.md); not once the other workers have finished."""
+        """--restart-workers, --restart-servers: start a lost worker's or server's replacement, the same command
+        and environment, which joins the running job (a worker as its last rank, a server in the lost one's
+        place: docs/elastic.md); not once the workers have finished."""
         now = time.monotonic()
         for item in [r for r in self._restart_at if r[0] <= now]:
             self._restart_at.remove(item)
@@ -174,7 +176,7 @@ class Supervisor:
             if not self._running_workers():
                 continue
             n = sum(1 for w in self.children if w.label.startswith(lost.label.split(" (")[0]))
-            new = self.start(f"{lost.label.split(' (')[0]} (replacement {n})", lost.argv, lost.env, True)
+            new = self.start(f"{lost.label.split(' (')[0]} (replacement {n})", lost.argv, lost.env, lost.is_worker)
             self.say(f"started {new.label} (pid {new.proc.pid}) for {lost.label}; it joins the running job")
 
     def say(self, text: str) -> None:
@@ -239,6 +241,9 @@ class Supervisor:
                             self.lost.append(c)
                             self.say(f"{c.label} (pid {c.proc.pid}) exited with {_signal_name(code)}; going on "
                                      f"with {len(left)} server(s), which take its partitions")
+                            if self.server_restarts_left > 0:
+                                self.server_restarts_left -= 1
+                                self._restart_at.append((time.monotonic() + RESTART_DELAY_S, c))
                             continue
                     if code != 0 and c.label.startswith("scheduler") and self._restart_scheduler(c, code):
                         continue
@@ -287,7 +292,7 @@ def ensure_job_secret(env: dict) -> None:
 
 def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = None,
                  env_extra: dict | None = None, prefix_output: bool = True, min_workers: int = 0,
-                 restart_workers: int = 0, restart_scheduler: int = 0) -> int:
+                 restart_workers: int = 0, restart_scheduler: int = 0, restart_servers: int = 0) -> int:
     """Scheduler + ``servers`` servers + ``workers`` copies of ``cmd`` on this machine (elastic with
     ``min_workers`` > 0: the job goes on while that many workers are alive)."""
     port = port or free_port()
@@ -311,7 +316,7 @@ def launch_local(workers: int, servers: int, cmd: list[str], port: int | None = 
                    "DMLC_NODE_HOST": "127.0.0.1"})
     if restart_scheduler:
         common.setdefault("PUSHPULL_SCHEDULER_RECOVERY", str(SCHEDULER_RECOVERY_S))
-    sup = Supervisor(prefix_output, min_workers, restart_workers, restart_scheduler)
+    sup = Supervisor(prefix_output, min_workers, restart_workers, restart_scheduler, restart_servers)
     _install_term_handler(sup)
     py = sys.executable
     need_cluster = workers > 1 or common.get("BYTEPS_FORCE_DISTRIBUTED", "0") not in ("0", "")
@@ -398,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-workers", type=int, default=0, metavar="N",
                    help="elastic training (with --min-workers): start a replacement for a lost worker, N times "
                         "at most in all; it joins the running job (docs/elastic.md)")
+    p.add_argument("--restart-servers", type=int, default=0, metavar="N",
+                   help="elastic training (with --min-workers): start a replacement for a lost server, N times at "
+                        "most in all; it takes the lost one's place and a share of the partitions (docs/elastic.md)")
     p.add_argument("--restart-scheduler", type=int, default=0, metavar="N",
                    help="start a lost scheduler again at the same address, N times at most; the nodes keep "
                         "training meanwhile and register with the new one (docs/elastic.md)")
@@ -431,10 +439,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--min-workers must be between 0 and --workers ({workers})")
     if args.restart_workers < 0 or (args.restart_workers and not args.min_workers):
         p.error("--restart-workers N needs --min-workers M (a replacement joins an elastic job) and N >= 0")
+    if args.restart_servers < 0 or (args.restart_servers and not args.min_workers):
+        p.error("--restart-servers N needs --min-workers M (a replacement joins an elastic job) and N >= 0")
     if args.restart_scheduler < 0:
         p.error("--restart-scheduler N needs N >= 0")
     return launch_local(workers, servers, cmd, args.port, extra, not args.no_prefix, args.min_workers,
-                        args.restart_workers, args.restart_scheduler)
+                        args.restart_workers, args.restart_scheduler, args.restart_servers)
 
 
 def bpslaunch_main() -> None:

@@ -183,6 +183,33 @@ class Van:
         s.connect(addr)
         self._add(sid, s, handler, router=False)
 
+    def replace_dealer(self, sid: str, addr: str, identity: bytes, handler: DealerHandler,
+                       host: str | None = None) -> None:
+        """Point DEALER ``sid`` at ``addr`` from now on (a lost server's replacement took its place): the old
+        socket, the lane that carried it and the messages batched for it are dropped (they were for the lost
+        peer, of an older generation), and a new DEALER connects. Thread-safe."""
+        def swap() -> None:
+            lane = self._dealer_lanes.get(sid)
+            if lane is not None:
+                lane.close()
+            old = self._sockets.pop(sid, None)
+            if old is not None:
+                self._handlers.pop(old, None)
+                try:
+                    self._poller.unregister(old)
+                except KeyError:
+                    pass
+                old.close(linger=0)
+                self._poll_version += 1
+            for dest in [d for d in self._batches if d[0] == sid]:
+                del self._batches[dest]
+            self.connect_dealer(sid, addr, identity, handler, host)
+
+        if self._thread is None or threading.current_thread() is self._thread:
+            swap()
+        else:
+            self.call_soon(swap)
+
     def bind_lane(self, sid: str, host: str, key: bytes, max_message_bytes: int = 0, local: bool = False,
                   advertised: str | None = None, sealed: bool = False) -> str:
         """Beside ROUTER ``sid`` (bound first), listen on ``host`` (or, ``local``, on an abstract Unix socket) for

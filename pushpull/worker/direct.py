@@ -63,6 +63,36 @@ class DirectPath:
         self._lock = threading.Lock()
         self._open: list = []  # zmq sockets and lane clients of every thread, closed by close()
         self.closed = False
+        # per server: how many times it was replaced (a lost server's replacement); a thread's socket or lane
+        # opened before is closed by that thread and opened again to the new address
+        self._epoch: dict[str, int] = {}
+
+    def replace(self, sock: str, address: str, lane: str | None) -> None:
+        """Server ``sock`` is at ``address`` (and its lane at ``lane``, None: none) from now on."""
+        with self._lock:
+            self.servers[sock] = address
+            if lane:
+                self.lanes[sock] = lane
+            else:
+                self.lanes.pop(sock, None)
+            self._no_lane.discard(sock)
+            self._epoch[sock] = self._epoch.get(sock, 0) + 1
+
+    def _fresh(self, held: dict, sock: str):
+        """This thread's socket or lane to ``sock`` in ``held`` (as (epoch, it)), or None: absent, or opened
+        before the server was replaced (then closed here, by the thread that owns it)."""
+        got = held.get(sock)
+        if got is None:
+            return None
+        epoch, c = got
+        if epoch == self._epoch.get(sock, 0):
+            return c
+        del held[sock]
+        with self._lock:
+            if c in self._open:
+                self._open.remove(c)
+        c.close(0) if isinstance(c, zmq.Socket) else c.close()
+        return None
 
     def _lane(self, sock: str, alive) -> LaneClient | None:
         """This thread's lane to server ``sock``, opened on first use; None where there is none. Opening it
@@ -72,7 +102,7 @@ class DirectPath:
         lanes = getattr(self._local, "lanes", None)
         if lanes is None:
             lanes = self._local.lanes = {}
-        c = lanes.get(sock)
+        c = self._fresh(lanes, sock)
         if c is not None or sock not in self.lanes or sock in self._no_lane:
             return c
         if getattr(self._local, "tid", None) is None:
@@ -96,14 +126,14 @@ class DirectPath:
                 c.close()
                 raise zmq.ZMQError(zmq.ETERM)
             self._open.append(c)
-        lanes[sock] = c
+        lanes[sock] = (self._epoch.get(sock, 0), c)
         return c
 
     def _socket(self, sock: str) -> zmq.Socket:
         socks = getattr(self._local, "socks", None)
         if socks is None:
             socks = self._local.socks = {}
-        s = socks.get(sock)
+        s = self._fresh(socks, sock)
         if s is None:
             if getattr(self._local, "tid", None) is None:
                 self._local.tid = next(self._thread_ids)
@@ -119,7 +149,7 @@ class DirectPath:
                     s.close(0)
                     raise zmq.ZMQError(zmq.ETERM)
                 self._open.append(s)
-            socks[sock] = s
+            socks[sock] = (self._epoch.get(sock, 0), s)
         return s
 
     def exchange(self, sock: str, header: Header, payload, timeout: float, alive,

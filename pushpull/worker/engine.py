@@ -593,6 +593,8 @@ class Engine:
         if d.get("came_in"):  # before any operation fails: its catcher reads it (DiLoCo welcomes the newcomer)
             self.arrival_gen = int(d["gen"])
         self.servers_lost.update(int(x) for x in d.get("lost_servers", ()))
+        for srv in d.get("servers_added", ()):  # before the moved partitions are declared to it
+            self._server_replaced(srv)
         self.kv.gen = int(d["gen"])
         self.kv.rank = int(new_rank)
         self.averager.resize(int(d["num_workers"]))
@@ -610,6 +612,21 @@ class Engine:
             return
         for fn in self.on_reset:
             fn(self.rank, self.size)
+
+    def _server_replaced(self, s: dict) -> None:
+        """A replacement server took lost server ``s["rank"]``'s place (elastic; on the I/O thread): its
+        socket, direct path and lane go to the new address. Its pushes and pulls take ZeroMQ (a data lane
+        is opened only at the start)."""
+        sock = f"s{int(s['rank'])}"
+        self.server_addrs[sock] = server_address(s, self.cfg.local_ipc)
+        self.van.replace_dealer(sock, self.server_addrs[sock], worker_identity(self.first_rank),
+                                self.kv.on_server_message, host=str(s["host"]))
+        self.direct.replace(sock, f"tcp://{s['host']}:{s['port']}",
+                            str(s["lane"]) if s.get("lane") and self.cfg.direct_lane else None)
+        self.data_lanes.pop(sock, None)
+        self.kv.shm_socks.discard(sock)
+        self.servers_lost.discard(int(s["rank"]))
+        log.warning("worker %d: server %s is back, at %s", self.rank, s["rank"], self.server_addrs[sock])
 
     def _recover_state(self) -> dict:
         """What a scheduler that takes the running job over needs from this worker (I/O thread): its

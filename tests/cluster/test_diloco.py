@@ -132,3 +132,18 @@ def test_a_lost_servers_outer_state_is_seeded_from_the_workers(config):
     assert res.returncode == 0, out[-4000:]
     assert "partition(s) move to the other 1 server(s)" in out, out[-3000:]
     assert len(re.findall(r"CASE loss ok rank \d", out)) == 3 and "CASE loss FAIL" not in out, out[-3000:]
+
+
+def test_a_replacement_server_takes_the_outer_keys_back_from_the_seeds():
+    """As above with --restart-servers 1 and a longer, slowed run: the launcher starts the lost server again, it
+    takes the lost one's place, the partitions that left it move back (declared from the workers' seeds
+    again), and all three ranks still end within 1e-5 of the undisturbed reference."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--restart-servers", "1", "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--",
+            sys.executable, str(WORKER), "loss", "diloco", "replaced"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert re.search(r"a replacement server \(pid \d+ on \S+\) takes server \d's place; [1-9]\d* partition", out), \
+        out[-3000:]
+    assert len(re.findall(r"CASE loss ok rank \d", out)) == 3 and "CASE loss FAIL" not in out, out[-3000:]

@@ -146,3 +146,31 @@ def test_sums_stay_exact_after_a_server_dies(server_loss_job):
 
 def test_a_server_loss_is_one_reset_at_the_same_size(server_loss_job):
     assert server_loss_job.count("resets 1 sizes [3, 3, 3, 3, 3]") == 3, server_loss_job[-3000:]
+
+
+@pytest.fixture(scope="module")
+def server_back_job() -> str:
+    """As server_loss_job with --restart-servers 1 and slowed steps: the launcher starts the lost server again
+    and it takes the lost one's place in the running job."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--restart-servers", "1", "--env", "ELASTIC_KILL=server", "--env", "ELASTIC_STEP_SLEEP=0.3", "--",
+            sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    return out
+
+
+def test_a_replacement_server_takes_the_lost_ones_place_and_its_partitions_back(server_back_job):
+    assert re.search(r"a replacement server \(pid \d+ on \S+\) takes server (\d)'s place; [1-9]\d* partition\(s\) "
+                     r"move to it", server_back_job), server_back_job[-3000:]
+    assert server_back_job.count("is back, at ") == 3, server_back_job[-3000:]
+
+
+def test_sums_stay_exact_with_the_replacement_server(server_back_job):
+    # the script's six tensors (some on the lost server, then on its replacement) sum exactly to the end
+    assert server_back_job.count("ALL-OK") == 3 and "FAIL" not in server_back_job, server_back_job[-3000:]
+
+
+def test_the_loss_and_the_replacement_are_two_resets_at_the_same_size(server_back_job):
+    assert server_back_job.count("resets 2 sizes [3, 3, 3, 3, 3]") == 3, server_back_job[-3000:]

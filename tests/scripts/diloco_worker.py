@@ -203,15 +203,18 @@ def join(config: str) -> None:
 
 
 SERVER_LOSS_AT = 4  # after the round of step 3 (the first with momentum), before that of step 6
+SERVER_BACK_STEPS = 45  # with --restart-servers: steps (slowed) long enough for the replacement to come in
 
 
-def server_loss(config: str) -> None:
+def server_loss(config: str, replaced: bool = False) -> None:
     """3 workers over 2 servers, --min-workers 2: after its 4th inner step rank 0 SIGKILLs a server, then
     stalls 2 s, so that the others' round of step 6 goes to the dead server (and fails) while rank 0 comes
     to it after the change. The lost server's outer keys move to the other, which starts them from the
     workers' seed (the global parameters and the momentum they inferred), so every round still averages all
     three and all ranks end within 1e-5 of the undisturbed reference. Without the seed the round of step 6
-    fails on the moved keys; with the momentum lost the result is off by far more than 1e-5."""
+    fails on the moved keys; with the momentum lost the result is off by far more than 1e-5. ``replaced``
+    (--restart-servers 1): the launcher starts the server again, it takes the lost one's place, and keys
+    move to it, from the seeds again; the run is longer and slowed so that it comes in mid-run."""
     import time
 
     from victims import kill_a_server
@@ -222,9 +225,13 @@ def server_loss(config: str) -> None:
     name = f"loss-{config}"
     opt = bps.DiLoCo(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(), sync_every=H, name=name,
                      **DILOCO, **streaming)
-    table = bps.engine().table.entries
-    held = {p.server for n, e in table.items() if n.startswith(name + ".") for p in e.parts}
-    for s in range(ROUNDS * H):
+    eng = bps.engine()
+
+    def servers() -> set:
+        return {p.server for n, e in eng.table.entries.items() if n.startswith(name + ".") for p in e.parts}
+    held = servers()
+    total = SERVER_BACK_STEPS if replaced else ROUNDS * H
+    for s in range(total):
         if s == SERVER_LOSS_AT and rank == 0:
             kill_a_server()
             time.sleep(2.0)
@@ -232,19 +239,24 @@ def server_loss(config: str) -> None:
         opt.zero_grad()
         torch.nn.functional.mse_loss(m(x), y).backward()
         opt.step()
+        if replaced:
+            time.sleep(0.1)
     opt.sync()
-    want, rounds = reference(3, DILOCO, **streaming)
+    want, rounds = reference(3, DILOCO, **streaming, total=total)
     worst = max(float((a.detach() - b).abs().max()) for a, b in zip(m.parameters(), want[rank]))
-    lost = sorted(bps.engine().servers_lost)
-    ok = held == {0, 1} and len(lost) == 1 and bps.size() == 3 and opt.rounds == rounds and worst < 1e-5
-    print(f"CASE loss {'ok' if ok else 'FAIL'} rank {rank}: keys on servers {sorted(held)}, server(s) {lost} lost, "
-          f"{bps.size()} workers, {opt.rounds} rounds ({rounds} due), {worst:.1e} from the reference", flush=True)
+    lost = sorted(eng.servers_lost)
+    back = servers() == {0, 1} and not lost and eng.gen == 2  # the loss, then the replacement
+    ok = (held == {0, 1} and (back if replaced else len(lost) == 1) and bps.size() == 3 and opt.rounds == rounds
+          and worst < 1e-5)
+    print(f"CASE loss {'ok' if ok else 'FAIL'} rank {rank}: keys on servers {sorted(held)}, now {sorted(servers())}, "
+          f"server(s) {lost} lost, generation {eng.gen}, {bps.size()} workers, {opt.rounds} rounds ({rounds} due), "
+          f"{worst:.1e} from the reference", flush=True)
 
 
 def main() -> None:
     bps.init()
     if sys.argv[1:2] == ["loss"]:
-        server_loss(sys.argv[2])
+        server_loss(sys.argv[2], replaced=sys.argv[3:4] == ["replaced"])
         bps.shutdown()
         print("ALL-DONE", flush=True)
         return

@@ -55,3 +55,30 @@ def test_a_bad_recovery_time_is_refused_naming_the_setting(value):
 
 def test_recovery_is_off_unless_asked():
     assert load_config({}).scheduler_recovery == 0 and not load_config({}).scheduler_recover
+
+
+def test_a_replacement_server_gets_back_the_partitions_that_left_its_place():
+    from pushpull.cluster.assign import Assigner
+
+    a = Assigner(2)
+    for n in range(4):
+        a.assign(0, {"name": f"t{n}", "shape": [100], "dtype": "float32", "parts": [400]})
+    before = {n: list(t["result"]["servers"]) for n, t in a.tensors.items()}
+    moved = a.remove_server(1)
+    assert set(moved.values()) == {0} and len(moved) == 2
+    back = a.add_server(1)
+    assert back == {k: 1 for k in moved}
+    assert {n: t["result"]["servers"] for n, t in a.tensors.items()} == before and a.load == [800, 800]
+    assert a.assign(0, {"name": "t9", "shape": [100], "dtype": "float32", "parts": [400]})["key"] == 5
+
+
+def test_without_a_record_a_replacement_server_takes_a_fair_share():
+    from pushpull.cluster.assign import Assigner
+
+    a = Assigner(3)
+    for n in range(6):
+        a.assign(0, {"name": f"t{n}", "shape": [100], "dtype": "float32", "parts": [400]})
+    a.remove_server(2)
+    a.homes.clear()  # a scheduler that took the job over does not know where partitions came from
+    back = a.add_server(2)
+    assert len(back) == 2 and a.load == [800, 800, 800]
