@@ -67,20 +67,6 @@ def _churn(method: str) -> str:
     return churn
 
 
-def kill_a_server(root_port: int) -> int:
-    """SIGKILL one of this job's servers (found through /proc: the same scheduler port); returns its pid."""
-    port = f"DMLC_PS_ROOT_PORT={root_port}".encode()
-    for d in Path("/proc").iterdir():
-        try:
-            env = (d / "environ").read_bytes().split(b"\0")
-            if d.name.isdigit() and port in env and b"DMLC_ROLE=server" in env:
-                os.kill(int(d.name), signal.SIGKILL)
-                return int(d.name)
-        except OSError:
-            continue
-    raise RuntimeError("no server of this job found")
-
-
 def _codec(method: str) -> str:
     """A streaming method's pseudo-gradient codec: int8, or int4 for streamingHint4."""
     return "int4" if _base(method).endswith("int4") else "int8"
@@ -162,10 +148,12 @@ def worker(args) -> None:
     killed = 0
     while (len(losses) if is_sync else opt.steps) < args.steps:  # a newcomer starts at the job's step
         step = len(losses) if is_sync else opt.steps
-        if _churn(method) and step == args.kill_at and rank == size - 1 and not newcomer:
+        if _churn(method) in ("lose", "replace") and step == args.kill_at and rank == size - 1 and not newcomer:
             print(f"rank {rank} SIGKILLs itself at step {step} (--kill-at)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if _churn(method) == "serverloss" and step == args.kill_at and rank == 0 and not killed:
+            from pushpull.bench.victims import kill_a_server
+
             killed = kill_a_server(bps.config().root_port)
             print(f"rank 0 SIGKILLed server pid {killed} at step {step} (--kill-at)", flush=True)
         starts = torch.randint(0, len(train_t) - CONTEXT - 1, (args.batch,), generator=gen)

@@ -80,7 +80,8 @@ class Assigner:
 
     def add_server(self, index: int) -> dict[int, int]:
         """A replacement takes lost server ``index``'s place: it is assigned to again, and the partitions that
-        moved away from ``index`` when it was lost move back (the placement of before the loss); where that is
+        moved away from ``index`` when it was lost move back (the placement of before the loss), but for those
+        of keys whose server holds state beyond a round, which stay where it is exact; where that is
         not known (a scheduler that took the job over since), partitions move to it from the most loaded
         servers, the largest first, while that brings it nearer the mean load. Returns {partition key:
         ``index``}, which every worker applies the same way."""
@@ -88,7 +89,9 @@ class Assigner:
         self.load[index] = 0
         where = {}  # partition key -> (its size, the result holding its server)
         for t in self.tensors.values():
-            if "result" in t:
+            # a key whose server holds state beyond a round (DiLoCo's outer optimizer, asynchronous training's
+            # parameters) stays: moving it would trade the server's exact state for the workers' seed
+            if "result" in t and not t.get("keeps_state"):
                 res = t["result"]
                 for i, nbytes in enumerate(t["decl"]["parts"]):
                     where[part_key(res["key"], i)] = (nbytes, res, i)
@@ -143,7 +146,7 @@ class Assigner:
         result = {"key": key, "servers": servers}
         writers = req.get("writers")  # the ranks that declare it (None: every worker; local reduce slices)
         self.tensors[name] = {"rank": rank, "decl": decl, "result": result, "ranks": {rank},
-                              "since": time.monotonic(),
+                              "since": time.monotonic(), "keeps_state": req.get("keeps_state") is True,
                               "writers": frozenset(int(r) for r in writers) if isinstance(writers, list) else None}
         return result
 
@@ -163,6 +166,7 @@ class Assigner:
             result = {"key": int(t["key"]), "servers": [int(x) for x in t["servers"]]}
             writers = t.get("writers")
             self.tensors[name] = {"rank": rank, "decl": decl, "result": result, "ranks": {rank}, "since": now,
+                                  "keeps_state": t.get("keeps_state") is True,
                                   "writers": frozenset(int(r) for r in writers) if isinstance(writers, list) else None}
             for nbytes, srv in zip(decl["parts"], result["servers"]):
                 if 0 <= srv < self.num_servers:

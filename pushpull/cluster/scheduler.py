@@ -254,6 +254,10 @@ class Scheduler:
             self._refuse(identity, f"the job has its {self.num_servers} servers; a late server only replaces a "
                                    f"lost one")
             return
+        if not isinstance(info.get("host"), str) or not isinstance(info.get("port"), int):
+            self._refuse(identity, f"a late server gave no address (host {info.get('host')!r}, port "
+                                   f"{info.get('port')!r})")
+            return
         index = dead[0]
         node = NodeInfo(identity, "server", nodes.server_node(index), info)
         node.last_seen = time.monotonic()
@@ -610,9 +614,17 @@ class Scheduler:
         """Tell the live servers first and the workers once all servers have acknowledged, so that no
         worker pushes in the new generation to a server still in the old one."""
         self.gen += 1
-        self._reset_body = {"gen": self.gen, "num_workers": self.num_workers,
-                            "ranks": {str(w.info["rank"]): w.node_id for w in self.workers.values()},  # first -> now
-                            "moved": {str(k): v for k, v in moved.items()}, "lost": lost, **(extra or {})}
+        body = {"gen": self.gen, "num_workers": self.num_workers,
+                "ranks": {str(w.info["rank"]): w.node_id for w in self.workers.values()},  # first -> now
+                "moved": {str(k): v for k, v in moved.items()}, "lost": lost, **(extra or {})}
+        if self._reset_waiting:  # the last change has not reached the workers yet: they get both in this one
+            prev = self._reset_body
+            body["moved"] = {**prev["moved"], **body["moved"]}
+            body["lost"] = f"{prev['lost']}; {lost}"
+            for k in ("lost_servers", "servers_added", "came_in"):
+                if prev.get(k) or body.get(k):
+                    body[k] = list(prev.get(k, [])) + list(body.get(k, []))
+        self._reset_body = body
         self._reset_waiting = {s.identity for s in self._live_servers()}
         for s in self._live_servers():
             self._send(s, Header(MsgType.RESET, gen=self.gen), [encode_json(self._reset_body)])
@@ -638,7 +650,7 @@ class Scheduler:
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that registered while this change was applied
             if self.terminating or self.exit_code:
-                self._refuse(identity, "the job is ending; a late worker cannot join it")
+                self._refuse(identity, f"the job is ending; a late {info.get('role', 'node')} cannot join it")
             elif identity not in self.by_identity:
                 (self._late_server if info.get("role") == "server" else self._late_worker)(identity, info)
 
@@ -651,8 +663,8 @@ class Scheduler:
         if all(w.finished for w in self.workers.values()):
             self.terminating = True
             queued, self._join_queue = self._join_queue, []
-            for identity, _ in queued:
-                self._refuse(identity, "the job is ending; a late worker cannot join it")
+            for identity, info in queued:
+                self._refuse(identity, f"the job is ending; a late {info.get('role', 'node')} cannot join it")
             log.info("all workers finished; terminating")
             for n in self._all():
                 self._send(n, Header(MsgType.TERMINATE))

@@ -40,6 +40,9 @@ class Declarations:
         self.keys = keys  # the server's keys: this adds each once its workers agree on it
         self.regions = regions  # shared memory for the workers on this host (None: not here)
         self.pending: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req_id, decl)}}
+        # partitions the last change moved here (their server was lost, or this one replaces it): the only
+        # keys a declaration may bring a seed for, so one rank cannot make this server hold seeds at will
+        self.moved_here: set[int] = set()
         self._reply = reply
         self._error = error
 
@@ -84,6 +87,8 @@ class Declarations:
                                          f"keys already; INIT of key {h.key} refused", h.req_id)
             return
         try:
+            if req.get("seed") is not None and h.key not in self.moved_here:
+                raise ValueError(f"key {h.key} did not move to this server")
             seed = _seed(req.get("seed"), msg.frames[1:], decl)
         except ValueError as e:
             self._error(identity, h.key, f"tensor {decl['name']!r}: rank {rank}'s seed: {e}", h.req_id)

@@ -183,9 +183,11 @@ class Server:
             ks.reset(self.members.num_workers)
         self.declarations.pending.clear()  # the workers declare again what was pending
         me = self.members.node_id - nodes.SERVER_BASE
-        for key, to in d.get("moved", {}).items():  # partitions that move to a replacement server leave this one
-            if int(to) != me:
-                self.keys.pop(int(key), None)
+        moved = {int(key): int(to) for key, to in d.get("moved", {}).items()}
+        for key, to in moved.items():  # partitions that move to a replacement server leave this one
+            if to != me:
+                self.keys.pop(key, None)
+        self.declarations.moved_here = {key for key, to in moved.items() if to == me}
         (log.info if "joined_last" in d else log.warning)("workers changed (%s): generation %d, %d workers",
                                                           d.get("lost"), self.members.gen,
                                                           self.members.num_workers)

@@ -13,9 +13,9 @@ members can push (authenticated connections, the sender checked against its conn
 learning rate is a single worker's: every delta lands, so n workers take n steps of it per round.
 
 A lost server (elastic training, ``--min-workers``): each pull is also kept as the key's *seed*, and the
-server a key moves to starts from the newest one its workers give, not from zeros. A change costs at most
-the deltas in flight when it came (their answers fail; they are not sent again, so none lands twice) and
-those the lost server took after the newest pull.
+server a key moves to starts from the seed of the worker that has taken the most steps, not from zeros. A
+change costs at most the deltas in flight when it came (their answers fail; they are not sent again, so none
+lands twice) and those the lost server took after that worker's last pull.
 """
 from __future__ import annotations
 
@@ -61,13 +61,15 @@ class _AsyncOptimizer(torch.optim.Optimizer):
             self._take(p, key, ops.reduce_now(torch.zeros_like(p.detach()), None, False, key, spec=STORE))
 
     def _take(self, p: torch.Tensor, key: str, pulled: torch.Tensor) -> None:
-        """The servers' parameters into ``p``, and kept as the key's seed: if its server is lost, the server
-        it moves to starts from the newest copy a worker pulled (the pulled tensor is this call's own and
-        is not written again, so the seed is a view of it, not a copy)."""
+        """The servers' parameters into ``p``, and, in an elastic job, kept as the key's seed: if its server is
+        lost, the server it moves to starts from the copy of the worker that has taken the most steps (the
+        pulled tensor is this call's own and is not written again, so on the CPU the seed is a view of it)."""
         with torch.no_grad():
             p.copy_(pulled)
-        acc = torch.float64 if pulled.dtype == torch.float64 else torch.float32
-        ops.set_seed(key, self.pushes + 1, pulled.detach().to(device="cpu", dtype=acc).reshape(-1).numpy())
+        eng = ops.engine()
+        if eng is not None and eng.table.keep_seeds:  # an elastic job, where a server can be lost
+            acc = ops.accumulation_dtype(pulled.dtype)
+            ops.set_seed(key, self.pushes + 1, pulled.detach().to(device="cpu", dtype=acc).reshape(-1).numpy())
 
     def step(self, closure=None):
         if ops.engine() is None:

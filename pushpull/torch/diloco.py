@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pushpull import metrics
-from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, momentum_after, settings
+from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
 from pushpull.outer import round_deadline as round_deadline_of
 from pushpull.torch import functions, ops
 from pushpull.torch.functions import broadcast_parameters
@@ -112,11 +112,6 @@ class DiLoCo:
         self._inflight: dict[int, _Round] = {}     # fragment -> its round whose answer is merged later
         self._local: dict[str, OuterSGD] = {}   # a job of one worker: the outer state is here
         self._global: list[torch.Tensor] = []
-        # the servers' outer momentum as this worker can tell it from the global parameters each round brings
-        # (None: none yet), and the round each parameter's global state is from: the seed a new server starts a
-        # key from when its server is lost (_track)
-        self._momentum: list[torch.Tensor | None] = [None] * len(self.params)
-        self._seed_rid = [0] * len(self.params)
         self._ids = 0        # outer rounds started: each round's id (the start is 1)
         self._phase = "start"  # "start", "step" (inside step()), "sync" (inside sync()), "" (between steps)
         self._last_sync = None  # the step of the last sync() (or the start): a second one there is a no-op
@@ -161,7 +156,7 @@ class DiLoCo:
         if ops.engine() is None:  # one worker: the same outer steps, here (float64 kept, the rest in float32)
             for i, x in zip(idx, rnd.tensors):
                 n, p = self.params[i]
-                acc = torch.float64 if p.dtype == torch.float64 else torch.float32
+                acc = ops.accumulation_dtype(p.dtype)
                 st = self._local.setdefault(n, OuterSGD(**self.outer, dtype=str(acc).replace("torch.", "")))
                 rnd.handles.append(torch.from_numpy(st.apply(x.to(device="cpu", dtype=acc).numpy(), 1).copy()))
             return rnd
@@ -221,7 +216,6 @@ class DiLoCo:
             for i, out in zip(rnd.idx, outs):
                 p = self.params[i][1]
                 new = out.view_as(p).to(device=p.device, dtype=p.dtype)
-                self._track(i, rnd.rid, self._global[i] if self._global else None, new)
                 if self._global:
                     self._global[i].copy_(new)
                 if mixed:
@@ -229,28 +223,6 @@ class DiLoCo:
                 else:
                     p.copy_(new)
         self.rounds += 1
-
-    def _track(self, i: int, rid: int, old: torch.Tensor | None, new: torch.Tensor) -> None:
-        """Round ``rid`` moved parameter ``i``'s global value from ``old`` (None: the start) to ``new``: infer
-        the servers' momentum from the step they took (:func:`pushpull.outer.momentum_after`) and hand both to
-        the engine as the key's seed (pushpull.worker.table.TensorTable.seeds). Exact for the parameters."""
-        if ops.engine() is None:
-            return
-        acc = torch.float64 if new.dtype == torch.float64 else torch.float32
-        if old is not None and not torch.equal(old, new):  # equal: the round had no push to step on
-            d = (old.to(acc) - new.to(acc)) / self.outer["outer_lr"]  # a new tensor: a seed's array stays as sent
-            self._momentum[i] = momentum_after(d, self._momentum[i], self.outer["outer_momentum"],
-                                               self.outer["nesterov"])
-        self._seed_rid[i] = rid
-        self._publish_seed(i, new)
-
-    def _publish_seed(self, i: int, glob: torch.Tensor) -> None:
-        """Parameter ``i``'s seed to the engine: ``glob``, its global value, and the momentum inferred."""
-        buf = self._momentum[i]
-        acc = torch.float64 if glob.dtype == torch.float64 else torch.float32
-        ops.set_seed(f"{self.name}.{self.params[i][0]}", self._seed_rid[i],
-                              glob.detach().to(device="cpu", dtype=acc).reshape(-1).clone().numpy(),
-                              None if buf is None else buf.to(device="cpu").reshape(-1).numpy())
 
     def _round(self, f: int) -> None:
         """Fragment ``f``'s outer round: its pseudo-gradients go out; the answer is taken now, or ``overlap``
@@ -311,10 +283,14 @@ class DiLoCo:
         started = sorted(self._started_now[1]) if self._started_now[0] == self.steps else []
         state = {"steps": self.steps, "ids": self._ids, "rounds": self.rounds, "synced": list(self._synced),
                  "phase": self._phase, "open": [open_[k].describe() for k in sorted(open_)], "started": started,
-                 "last_sync": self._last_sync, "schedule": self._schedule(), "seed_rids": list(self._seed_rid),
-                 "momentum": [m is not None for m in self._momentum]}
+                 "last_sync": self._last_sync, "schedule": self._schedule(),
+                 "seeds": [None if sd is None else [sd[0], sd[2] is not None] for sd in map(ops.get_seed, self._keys())]}
         _, self._welcomed_gen = self._welcome(state)
         self.welcomed += 1
+
+    def _keys(self) -> list[str]:
+        """The servers' name of each parameter's outer key."""
+        return [f"{self.name}.{n}" for n, _ in self.params]
 
     def _schedule(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": [list(f) for f in self.fragments],
@@ -331,12 +307,15 @@ class DiLoCo:
                 glob = [(n, (self._global[i] if self._global else p.detach()).clone())
                         for i, (n, p) in enumerate(self.params)]
                 broadcast_parameters(glob, root_rank=0, prefix=f"{self.name}.welcome.{gen}.")
-                # the momentum the others inferred: the newcomer's seeds are as good as theirs (_track)
-                has = got.get("momentum", []) if isinstance(got, dict) else []
-                moms = [(n, self._momentum[i].clone() if self._momentum[i] is not None else
-                         torch.zeros_like(p.detach(), dtype=torch.float64 if p.dtype == torch.float64 else
-                                          torch.float32))
-                        for i, (n, p) in enumerate(self.params) if i < len(has) and has[i]]
+                # the outer momentum the others inferred (elastic jobs keep it: TensorTable.seeds), so that the
+                # newcomer's seeds are as good as theirs should a server be lost
+                seeds = got.get("seeds", []) if isinstance(got, dict) else []
+                moms = []
+                for i, ((n, p), key) in enumerate(zip(self.params, self._keys())):
+                    if i < len(seeds) and seeds[i] is not None and seeds[i][1]:
+                        mine = ops.get_seed(key)
+                        moms.append((n, torch.from_numpy(mine[2].copy()) if mine is not None and mine[2] is not None
+                                     else torch.zeros(p.numel(), dtype=ops.accumulation_dtype(p.dtype))))
                 if moms:
                     broadcast_parameters(moms, root_rank=0, prefix=f"{self.name}.welcome.{gen}.momentum.")
                 return {"state": got, "global": [t for _, t in glob], "momentum": dict(moms)}, gen
@@ -362,10 +341,11 @@ class DiLoCo:
             for (_, p), g in zip(self.params, got["global"]):
                 p.copy_(g.view_as(p).to(device=p.device, dtype=p.dtype))
         self._global = [p.detach().clone() for _, p in self.params]
-        for i, (n, p) in enumerate(self.params):
-            self._momentum[i] = got["momentum"].get(n)
-            self._seed_rid[i] = int(st["seed_rids"][i])
-            self._publish_seed(i, self._global[i])
+        for (n, p), key, seed in zip(self.params, self._keys(), st.get("seeds", [])):
+            if seed is not None:  # the others' seeds: this worker's answers advance them from here on
+                mom = got["momentum"].get(n)
+                ops.set_seed(key, int(seed[0]), p.detach().to(device="cpu", dtype=ops.accumulation_dtype(p.dtype))
+                             .reshape(-1).clone().numpy(), None if mom is None else mom.numpy())
         self.steps, self._ids, self.rounds = int(st["steps"]), int(st["ids"]), int(st["rounds"])
         self._synced = [int(s) for s in st["synced"]]
         self._last_sync = st["last_sync"]

@@ -42,6 +42,12 @@ def set_name_suffix(suffix: str) -> None:
     CONTEXT.name_suffix = suffix
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the servers hold a tensor of ``dtype`` in, and a seed is given in (pushpull.dtypes: half
+    precisions in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def set_seed(key: str, rnd: int, params, momentum=None) -> None:
     """The state a server-held key (an outer key, a store key) had after round ``rnd`` as this worker saw it
     (flat NumPy arrays in the key's accumulation dtype, not written again): a server the key moves to when
@@ -49,6 +55,13 @@ def set_seed(key: str, rnd: int, params, momentum=None) -> None:
     eng = CONTEXT.need_init().engine
     if eng is not None:
         eng.set_seed(key + CONTEXT.name_suffix, rnd, params, momentum)
+
+
+def get_seed(key: str):
+    """The seed ``set_seed`` (or, for an outer key, each round's answer) left for ``key``: (round id,
+    parameters, momentum or None), or None."""
+    eng = CONTEXT.need_init().engine
+    return None if eng is None else eng.table.seeds.get(key + CONTEXT.name_suffix)
 
 
 key_name = CONTEXT.key_name

@@ -107,9 +107,12 @@ class DirectPath:
             return c
         if getattr(self._local, "tid", None) is None:
             self._local.tid = next(self._thread_ids)
-        address = self.lanes[sock]
+        with self._lock:  # one consistent view: a replacement may change them meanwhile (replace())
+            epoch, address, server = self._epoch.get(sock, 0), self.lanes.get(sock), self.servers.get(sock)
+        if address is None:
+            return None
         try:
-            host = tcp_host(self.servers[sock]) if sock in self.servers else "127.0.0.1"
+            host = tcp_host(server) if server is not None else "127.0.0.1"
             c = LaneClient(address, worker_identity(self.rank, f"l{self._local.tid}"), lane_key(self.auth),
                            CONNECT_TIMEOUT_S, alive=alive, sealed=lane_sealed(self.auth, host))
         except OSError as e:
@@ -118,7 +121,9 @@ class DirectPath:
                 raise ConnectionError(reason) from None
             log.warning("rank %d: the direct lane to server %s at %s failed (%s); its direct calls go over "
                         "ZeroMQ", self.rank, sock[1:], address, e)
-            self._no_lane.add(sock)
+            with self._lock:
+                if self._epoch.get(sock, 0) == epoch:  # not a replacement's lane, which may well open
+                    self._no_lane.add(sock)
             return None
         c.settimeout(LIVENESS_S)
         with self._lock:
@@ -126,7 +131,7 @@ class DirectPath:
                 c.close()
                 raise zmq.ZMQError(zmq.ETERM)
             self._open.append(c)
-        lanes[sock] = (self._epoch.get(sock, 0), c)
+        lanes[sock] = (epoch, c)
         return c
 
     def _socket(self, sock: str) -> zmq.Socket:
@@ -141,15 +146,17 @@ class DirectPath:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RCVTIMEO, int(LIVENESS_S * 1000))
             s.setsockopt(zmq.IDENTITY, worker_identity(self.rank, f"d{self._local.tid}"))
+            with self._lock:  # one consistent view: a replacement may change it meanwhile (replace())
+                epoch, address = self._epoch.get(sock, 0), self.servers[sock]
             if self.auth is not None:
-                self.auth.connect(s, tcp_host(self.servers[sock]))
-            s.connect(self.servers[sock])
+                self.auth.connect(s, tcp_host(address))
+            s.connect(address)
             with self._lock:
                 if self.closed:
                     s.close(0)
                     raise zmq.ZMQError(zmq.ETERM)
                 self._open.append(s)
-            socks[sock] = (self._epoch.get(sock, 0), s)
+            socks[sock] = (epoch, s)
         return s
 
     def exchange(self, sock: str, header: Header, payload, timeout: float, alive,

@@ -70,6 +70,8 @@ class Engine:
         self.stats = new_stats()
         self.averager = Averager(ident.size)
         self.pipeline = Pipeline(self.table, self.averager, self.stats, on_reset=self._reset)
+        self.pipeline.max_message_bytes = cfg.max_message_bytes
+        self.table.keep_seeds = bool(cfg.min_workers)  # a server can be lost only in an elastic job
         # an explicit credit applies at once; 'auto' needs the servers' addresses (known at start)
         self.kv = KVClient(self.van, self.member, ident.rank, self.pipeline,
                            (cfg.scheduling_credit or 0) * cfg.partition_bytes)
@@ -410,9 +412,11 @@ class Engine:
             return self._entry(name, kind.shape(tensor), kind.dtype(tensor), compression, spec)
 
     def set_seed(self, name: str, rnd: int, params: np.ndarray, momentum: np.ndarray | None) -> None:
-        """Outer key ``name``'s state after round ``rnd`` as this worker holds it (flat arrays in the key's
-        accumulation dtype that it will not write again): what a new server starts the key from if its
-        server is lost (TensorTable.seeds)."""
+        """The state of key ``name`` (an outer or a store key) after round ``rnd`` as this worker holds it (flat
+        arrays in the key's accumulation dtype that it will not write again): what a new server starts the
+        key from if its server is lost (TensorTable.seeds). Kept only in an elastic job."""
+        if not self.table.keep_seeds:  # not an elastic job: a lost server ends it, no seed is ever used
+            return
         if params.ndim != 1 or (momentum is not None and momentum.shape != params.shape):
             raise ValueError(f"tensor {name!r}: a seed is flat parameters and momentum of the same length, got "
                              f"{params.shape} and {None if momentum is None else momentum.shape}")

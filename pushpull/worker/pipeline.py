@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from pushpull.cluster.assign import part_key
-from pushpull.transport.protocol import Flags, Msg, encode_json, f32_bits, split_backup_extra
+from pushpull.transport.protocol import OUTER_PRESENT_ONLY, Flags, Msg, encode_json, f32_bits, split_backup_extra
 from pushpull.worker.average import NP_FLOAT, Averager
 from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
@@ -64,6 +64,7 @@ class Pipeline:
         self._completed: list[tuple[Handle, str | None, type]] = []  # released at the end of the van's pass
         self.active = 0                   # ops between start and finish, and since when one has been (metrics:
         self.busy_since = 0.0             # the engine's comm_s, the time with some reduction in flight)
+        self.max_message_bytes = 1 << 62  # the largest message a server takes (the engine's configuration)
 
     def bind(self, kv: KVClient) -> None:
         self.kv = kv
@@ -139,15 +140,22 @@ class Pipeline:
         if kv.shm_socks and e.compression is None and e.spec.readers is None and e.spec.writers is None:
             offer = encode_json({**decl, "shm": True})
         itemsize = e.itemsize
-        seed = self.table.seeds.get(e.name)  # read once: the user's thread replaces it after each outer round
+        seed = self.table.seeds.get(e.name)  # read once: a user's thread may replace it (a store key's pull)
         for p in parts:
             shared = offer is not None and p.sock in kv.shm_socks and p.nbytes > kv.shm_min_bytes
-            if seed is None:
+            moved, p.moved = p.moved, False
+            if seed is None or not moved:
                 kv.init(p, e.code, p.nbytes // itemsize, offer if shared else body)
                 continue
             rid, params, momentum = seed
             lo, n = p.offset // itemsize, p.nbytes // itemsize
             frames = [params[lo:lo + n]] + ([momentum[lo:lo + n]] if momentum is not None else [])
+            if sum(f.nbytes for f in frames) + len(body) + 1024 > self.max_message_bytes:
+                log.error("tensor %r: its seed (%d bytes for partition %d) is larger than a message may be "
+                          "(PUSHPULL_MAX_MESSAGE_BYTES); the partition is declared without it, and its next round "
+                          "fails", e.name, sum(f.nbytes for f in frames), p.index)
+                kv.init(p, e.code, n, body)
+                continue
             kv.init(p, e.code, n, encode_json({**decl, "seed": {"round": rid, "momentum": momentum is not None}}),
                     frames)
 
@@ -365,6 +373,12 @@ class Pipeline:
                     op.handle.output = op.kind.to_device(op.out, op.device)
             except Exception as ex:  # e.g. a device copy failing
                 error = f"tensor {e.name!r}: finishing the output failed: {ex!r}"
+        if error is None and e.spec.op == "outer" and self.table.keep_seeds and op.out_bytes is not None:
+            try:
+                self.table.advance_seed(e, op.sig & ~OUTER_PRESENT_ONLY, op.out_bytes)
+            except Exception:  # noqa: BLE001 - a key without a seed fails loudly if its server is lost
+                log.exception("tensor %r: its seed could not be kept; it is dropped", e.name)
+                self.table.seeds.pop(e.name, None)
         # no table lock: one store is atomic, and only submit() needs its check-and-set guarded
         # (taking it here made the caller's next submit queue behind this thread for the GIL)
         e.busy = False
@@ -417,7 +431,7 @@ class Pipeline:
             ep = kv.parts.get(key)
             if ep is not None:
                 e, p = ep
-                p.server, p.sock = server, f"s{server}"
+                p.server, p.sock, p.moved = server, f"s{server}", True
                 if p.inited:
                     p.inited = False
                     e.pending_inits += 1

@@ -111,6 +111,7 @@ class Partition:
     completed: int = 0    # backup workers: the highest round its server said had completed
     shm: object = None    # its key's shared-memory region (pushpull.transport.shm), when its server gave one
     shm_push: object = None  # this rank's slot in it
+    moved: bool = False   # it moved to another server (elastic) and is declared there next, with its seed
 
 
 @dataclass
@@ -139,7 +140,9 @@ class Entry:
         job over where it lives)."""
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
                 "parts": [p.nbytes for p in self.parts],
-                **({"writers": list(self.spec.writers)} if self.spec.writers is not None else {})}
+                **({"writers": list(self.spec.writers)} if self.spec.writers is not None else {}),
+                # its server holds state beyond a round (pushpull.cluster.assign.Assigner.add_server)
+                **({"keeps_state": True} if self.spec.op in ("outer", "store") else {})}
 
 
 class Op:
@@ -181,11 +184,35 @@ class TensorTable:
     def __init__(self):
         self.entries: dict[str, Entry] = {}
         self.lock = threading.Lock()
-        # outer keys' state as this worker last saw it, by name: (round id, global parameters, momentum or
-        # None), flat arrays in the accumulation dtype, never written after they are set. A partition that
-        # moves to another server (its server was lost) is declared there with its slice of it, and the new
-        # server starts from the newest seed it is given (pushpull.server.declare)
+        # the state of keys only a server holds, as this worker last saw it, by name: (round id, parameters,
+        # momentum or None), flat arrays in the accumulation dtype, never written after they are set. An
+        # outer key's is advanced on the I/O thread as each round's answer arrives (advance_seed); a store
+        # key's is its last pull (pushpull.torch.asynchronous). A partition that moves to another server (its
+        # server was lost) is declared there with its slice, and the new server starts from the newest seed
+        # it is given (pushpull.server.declare). Kept only in elastic jobs (``keep_seeds``)
         self.seeds: dict[str, tuple] = {}
+        self.keep_seeds = False
+
+    def advance_seed(self, e: Entry, rid: int, out_bytes: np.ndarray) -> None:
+        """Outer key ``e``'s round ``rid`` answered ``out_bytes`` (the new global parameters): its seed moves to
+        them, with the servers' momentum inferred from the step they took (pushpull.outer.momentum_after).
+        On the I/O thread, as the answer arrives, so a seed never lags an answer a worker already holds.
+        Exact for float32 and float64 parameters; a straggler answered past a round's deadline may skip
+        rounds, and its momentum then errs (its seed is older than the others', which the server prefers)."""
+        from pushpull.outer import momentum_after
+
+        wire = out_bytes.view(e.dtype.np_wire)
+        glob = ((wire.astype(np.uint32) << 16).view(np.float32) if e.dtype.name == "bfloat16"
+                else wire.astype(e.dtype.np_acc))  # a copy: the output is the caller's
+        old = self.seeds.get(e.name)
+        momentum = None
+        if old is not None:
+            momentum = old[2]
+            if not np.array_equal(old[1], glob):  # equal: the round had no push to step on
+                meta = dict(e.spec.meta or ())
+                momentum = momentum_after((old[1] - glob) / glob.dtype.type(meta["outer_lr"]), momentum,
+                                          meta["outer_momentum"], meta["nesterov"])
+        self.seeds[e.name] = (rid, glob, momentum)
 
     def entry(self, name: str, shape: tuple, dtype: dtypes.DType, compression: dict | None, spec: KeySpec,
               cfg) -> Entry:

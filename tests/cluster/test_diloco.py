@@ -134,10 +134,10 @@ def test_a_lost_servers_outer_state_is_seeded_from_the_workers(config):
     assert len(re.findall(r"CASE loss ok rank \d", out)) == 3 and "CASE loss FAIL" not in out, out[-3000:]
 
 
-def test_a_replacement_server_takes_the_outer_keys_back_from_the_seeds():
-    """As above with --restart-servers 1 and a longer, slowed run: the launcher starts the lost server again, it
-    takes the lost one's place, the partitions that left it move back (declared from the workers' seeds
-    again), and all three ranks still end within 1e-5 of the undisturbed reference."""
+def test_a_replacement_server_comes_in_and_the_outer_keys_stay_where_their_state_is_exact():
+    """As above with --restart-servers 1 and a longer, slowed run: the launcher starts the lost server again and
+    it takes the lost one's place; the plain keys that left it move back, the outer keys stay on the survivor,
+    and all three ranks still end within 1e-5 of the undisturbed reference."""
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
             "--restart-servers", "1", "--env", "PUSHPULL_TIMEOUT=30", "--env", "OMP_NUM_THREADS=1", "--",
             sys.executable, str(WORKER), "loss", "diloco", "replaced"]

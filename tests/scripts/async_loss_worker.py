@@ -11,7 +11,7 @@ import time
 import torch
 
 import pushpull.torch as bps
-from victims import kill_a_server
+from pushpull.bench.victims import kill_a_server
 
 STEPS, KILL_AT, START = 12, 5, 100.0
 
@@ -23,7 +23,7 @@ opt = bps.AsyncOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_para
 held = {p.server for name, e in bps.engine().table.entries.items() if name.startswith("async.") for p in e.parts}
 for step in range(STEPS):
     if step == KILL_AT and r == 0:
-        kill_a_server()
+        kill_a_server(bps.config().root_port)
         time.sleep(2.0)
     opt.zero_grad()
     sum(p.sum() for p in model.parameters()).backward()

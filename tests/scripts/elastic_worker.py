@@ -9,7 +9,7 @@ import time
 import torch
 
 import pushpull.torch as bps
-from victims import kill_a_server
+from pushpull.bench.victims import kill_a_server
 
 KILL = os.environ.get("ELASTIC_KILL", "worker")  # what dies mid-run: this script's rank 1, or a server
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))  # slow steps, so a replacement joins mid-run
@@ -47,7 +47,7 @@ def train(state):
                 print("VICTIM dies now", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if first_rank == 0 and state.epoch == 2 and step == 4 and KILL == "server" and not state.resets:
-                kill_a_server()
+                kill_a_server(bps.config().root_port)
                 time.sleep(1.0)  # the change reaches the job mid-epoch (these epochs take milliseconds)
             b = idx[step * 20:(step + 1) * 20]
             opt.zero_grad()

@@ -81,7 +81,9 @@ def _declarations(workers: int = 2):
     replies = _Replies()
     members = SimpleNamespace(num_workers=workers, joined=set())
     cfg = SimpleNamespace(server_max_keys=100, max_message_bytes=1 << 20)
-    return Declarations(cfg, members, keys, None, replies.reply, replies.error), keys, replies
+    decls = Declarations(cfg, members, keys, None, replies.reply, replies.error)
+    decls.moved_here = {7}  # the key the tests declare moved here from a lost server
+    return decls, keys, replies
 
 
 OUTER_META = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
@@ -119,6 +121,13 @@ def test_a_store_seed_with_momentum_is_refused():
     assert keys == {} and "only an outer key has momentum" in replies.errors[0][1]
 
 
+def test_a_seed_for_a_key_that_did_not_move_here_is_refused():
+    decls, keys, replies = _declarations()
+    decls.moved_here = set()
+    _init(decls, 0, {"round": 3, "momentum": False}, [np.zeros(4, np.float32).tobytes()])
+    assert keys == {} and "key 7 did not move to this server" in replies.errors[0][1]
+
+
 def test_a_key_declared_without_seeds_starts_empty():
     decls, keys, _ = _declarations()
     _init(decls, 0), _init(decls, 1)
@@ -148,3 +157,27 @@ def test_a_bfloat16_outer_key_steps_in_float32_and_answers_bfloat16_bits():
     ks.outer_push(2, 0, delta, (b"w", 0, 2, 1))
     got = ks.outer_push(2, 1, delta, (b"w", 1, 2, 1)).out
     np.testing.assert_array_equal(bf16_to_f32(got), [1.0, -2.5, -0.25])
+
+
+@pytest.mark.parametrize("lr,mu,nesterov", SETTINGS)
+def test_the_worker_advances_an_outer_keys_seed_as_each_answer_arrives(lr, mu, nesterov):
+    """TensorTable.advance_seed, called on the I/O thread with each round's answer: the seed is the answer
+    and the servers' momentum, with no lag behind an answer the worker holds."""
+    from pushpull import dtypes
+    from pushpull.worker.table import Entry, KeySpec, TensorTable
+
+    meta = tuple(sorted({"outer_lr": lr, "outer_momentum": mu, "nesterov": nesterov}.items()))
+    e = Entry("diloco.w", (50,), dtypes.get("float32"), None, [], spec=KeySpec(kind="diloco", op="outer", meta=meta))
+    table = TensorTable()
+    outer = OuterSGD(lr, mu, nesterov)
+    params, bufs = _rounds(outer, np.random.default_rng(3))
+    for rid, (p, want) in enumerate(zip(params, bufs), 1):
+        answer = p.copy()
+        table.advance_seed(e, rid, answer.view(np.uint8))
+        answer[:] = 0  # the caller's output: the seed must not share it
+        got_rid, got, buf = table.seeds["diloco.w"]
+        assert got_rid == rid and np.array_equal(got, p)
+        if want is None:
+            assert buf is None
+        else:
+            np.testing.assert_allclose(buf, want, rtol=1e-3, atol=1e-5)

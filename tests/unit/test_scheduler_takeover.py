@@ -82,3 +82,19 @@ def test_without_a_record_a_replacement_server_takes_a_fair_share():
     a.homes.clear()  # a scheduler that took the job over does not know where partitions came from
     back = a.add_server(2)
     assert len(back) == 2 and a.load == [800, 800, 800]
+
+
+def test_a_key_whose_server_keeps_state_does_not_move_to_a_replacement():
+    """A stateful key (DiLoCo's outer keys, asynchronous training's store) stays on the server that took it
+    over, where its state is exact; a plain one goes back to its place."""
+    from pushpull.cluster.assign import Assigner
+
+    a = Assigner(2)
+    for name, stateful in (("plain0", False), ("plain1", False), ("outer0", True), ("outer1", True)):
+        a.assign(0, {"name": name, "shape": [100], "dtype": "float32", "parts": [400],
+                     **({"keeps_state": True} if stateful else {})})
+    assert [a.tensors[n]["result"]["servers"][0] for n in ("plain1", "outer1")] == [1, 1]
+    a.remove_server(1)
+    back = a.add_server(1)
+    where = {n: t["result"]["servers"][0] for n, t in a.tensors.items()}
+    assert where == {"plain0": 0, "plain1": 1, "outer0": 0, "outer1": 0} and len(back) == 1
