@@ -260,7 +260,8 @@ def report(args, results: list[dict]) -> str:
     sync = next((r for r in results if _base(r["method"]) == "sync"), None)
     by_method = {r["method"]: r for r in results}
     r0 = results[0]
-    churned = any(_churn(r["method"]) for r in results)
+    kinds = {_churn(r["method"]) for r in results} - {""}
+    churned = bool(kinds)
     cmd = (f"`flock /tmp/pushpull-cpu.lock python benchmarks/diloco_quality.py --workers {args.workers} "
            f"--steps {args.steps} --batch {args.batch} --lr {args.lr:g} --n-embd {args.n_embd} --n-layer "
            f"{args.n_layer} --n-head {args.n_head} --methods {args.methods}"
@@ -276,7 +277,11 @@ def report(args, results: list[dict]) -> str:
                 f"goes on with {args.workers - 1} workers (--min-workers {args.workers - 1}); in one marked "
                 f"*replace* the launcher also starts it again (--restart-workers 1), and the replacement comes into "
                 f"the running job at the step the table gives, with a fresh AdamW (its warm-up again) and its own "
-                f"random windows." if churned else ""),
+                f"random windows." if kinds & {"lose", "replace"} else "")
+             + (f" Server loss: in a method marked *serverloss* the job has 2 servers, and rank 0 SIGKILLs one of them "
+                f"at step {args.kill_at}; its outer keys move to the other, which starts them from the workers' seeds "
+                f"(the global parameters and the outer momentum they inferred); every worker stays, none restores."
+                if "serverloss" in kinds else ""),
              "",
              "| method | outer rounds | held-out loss | vs synchronous | vs undisturbed | train loss (last 20 steps) "
              "| wall |",
