@@ -175,8 +175,9 @@ class Supervisor:
             lost = item[1]
             if not self._running_workers():
                 continue
-            n = sum(1 for w in self.children if w.label.startswith(lost.label.split(" (")[0]))
-            new = self.start(f"{lost.label.split(' (')[0]} (replacement {n})", lost.argv, lost.env, lost.is_worker)
+            base = lost.label.split(" (")[0]  # "worker 1", "server 0": its replacements are numbered on
+            n = sum(1 for c in self.children if c.label.split(" (")[0] == base)
+            new = self.start(f"{base} (replacement {n})", lost.argv, lost.env, lost.is_worker)
             self.say(f"started {new.label} (pid {new.proc.pid}) for {lost.label}; it joins the running job")
 
     def say(self, text: str) -> None:
