@@ -594,8 +594,6 @@ class Engine:
         # (decided as the servers decide: every rank the one it registered as, the size unchanged)
         keep_shared = ("joined_last" in d and int(d["num_workers"]) == self.averager.size
                        and all(int(first) == int(now) for first, now in d["ranks"].items()))
-        if d.get("came_in"):  # before any operation fails: its catcher reads it (DiLoCo welcomes the newcomer)
-            self.arrival_gen = int(d["gen"])
         self.servers_lost.update(int(x) for x in d.get("lost_servers", ()))
         for srv in d.get("servers_added", ()):  # before the moved partitions are declared to it
             self._server_replaced(srv)
@@ -608,6 +606,11 @@ class Engine:
         (log.info if "joined_last" in d else log.warning)("%s", reason)
         self.changed_unseen = True
         self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()}, keep_shared)
+        if d.get("came_in"):
+            # after the change is applied (the training thread, which reads it, then finds the new generation and
+            # its next operation raising WorkersChanged), before the operations failed above are released (at
+            # the end of this I/O pass): their catcher reads it (DiLoCo welcomes the newcomer)
+            self.arrival_gen = int(d["gen"])
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
             self.changed_unseen = False
             self.joined_ranks = set()
