@@ -307,18 +307,21 @@ class DiLoCo:
                 glob = [(n, (self._global[i] if self._global else p.detach()).clone())
                         for i, (n, p) in enumerate(self.params)]
                 broadcast_parameters(glob, root_rank=0, prefix=f"{self.name}.welcome.{gen}.")
-                # the outer momentum the others inferred (elastic jobs keep it: TensorTable.seeds), so that the
-                # newcomer's seeds are as good as theirs should a server be lost
+                # rank 0's seeds (elastic jobs keep them: TensorTable.seeds), parameters and momentum as its I/O
+                # thread holds them (an answer may be ahead of the global parameters above, in an overlap
+                # window), so that the newcomer's seeds are as good as the others' should a server be lost
                 seeds = got.get("seeds", []) if isinstance(got, dict) else []
-                moms = []
+                sent = []
                 for i, ((n, p), key) in enumerate(zip(self.params, self._keys())):
-                    if i < len(seeds) and seeds[i] is not None and seeds[i][1]:
-                        mine = ops.get_seed(key)
-                        moms.append((n, torch.from_numpy(mine[2].copy()) if mine is not None and mine[2] is not None
-                                     else torch.zeros(p.numel(), dtype=ops.accumulation_dtype(p.dtype))))
-                if moms:
-                    broadcast_parameters(moms, root_rank=0, prefix=f"{self.name}.welcome.{gen}.momentum.")
-                return {"state": got, "global": [t for _, t in glob], "momentum": dict(moms)}, gen
+                    if i < len(seeds) and seeds[i] is not None:
+                        mine = ops.get_seed(key) if ops.rank() == 0 else None
+                        for part, wanted in ((1, True), (2, bool(seeds[i][1]))):
+                            if wanted:
+                                sent.append((f"{part}.{n}", torch.from_numpy(mine[part].copy()) if mine is not None
+                                             else torch.zeros(p.numel(), dtype=ops.accumulation_dtype(p.dtype))))
+                if sent:
+                    broadcast_parameters(sent, root_rank=0, prefix=f"{self.name}.welcome.{gen}.seed.")
+                return {"state": got, "global": [t for _, t in glob], "seeds": dict(sent)}, gen
             except WorkersChanged as e:
                 if attempt == MAX_RETRIES:
                     raise WorkersChanged(f"{self.name}: the workers changed {MAX_RETRIES + 1} times while a "
@@ -342,10 +345,9 @@ class DiLoCo:
                 p.copy_(g.view_as(p).to(device=p.device, dtype=p.dtype))
         self._global = [p.detach().clone() for _, p in self.params]
         for (n, p), key, seed in zip(self.params, self._keys(), st.get("seeds", [])):
-            if seed is not None:  # the others' seeds: this worker's answers advance them from here on
-                mom = got["momentum"].get(n)
-                ops.set_seed(key, int(seed[0]), p.detach().to(device="cpu", dtype=ops.accumulation_dtype(p.dtype))
-                             .reshape(-1).clone().numpy(), None if mom is None else mom.numpy())
+            if seed is not None:  # rank 0's seeds: this worker's answers advance them from here on
+                mom = got["seeds"].get(f"2.{n}")
+                ops.set_seed(key, int(seed[0]), got["seeds"][f"1.{n}"].numpy(), None if mom is None else mom.numpy())
         self.steps, self._ids, self.rounds = int(st["steps"]), int(st["ids"]), int(st["rounds"])
         self._synced = [int(s) for s in st["synced"]]
         self._last_sync = st["last_sync"]
