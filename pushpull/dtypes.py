@@ -86,6 +86,11 @@ def itemsize(name: str) -> int:
     return get(name).itemsize
 
 
+def widen_bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values (their uint16 bits) as float32, exactly (a new array): bfloat16 is float32's top half."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 # ------------------------------------------------------------------------------------------ torch --
 
 @lru_cache(maxsize=None)

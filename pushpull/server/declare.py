@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from pushpull import dtypes
 from pushpull.config import Config
 from pushpull.outer import OuterSGD, round_deadline, settings
 from pushpull.server.keystate import KeyState
@@ -250,7 +251,7 @@ def _seed(spec, frames: list, decl: dict) -> tuple | None:
     rid, has_momentum = spec.get("round"), spec.get("momentum")
     if type(rid) is not int or rid < 1 or not isinstance(has_momentum, bool):
         raise ValueError(f"round {rid!r} must be an integer >= 1 and momentum {has_momentum!r} true or false")
-    if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
+    if not dtypes.get(decl["dtype"]).floating:
         raise ValueError(f"a seed is floating-point parameters, not {decl['dtype']}")
     if has_momentum and decl["op"] != "outer":
         raise ValueError("only an outer key has momentum")
@@ -269,7 +270,7 @@ def _seed(spec, frames: list, decl: dict) -> tuple | None:
 def outer_problem(decl: dict) -> str | None:
     """Why an outer key (pushpull.outer) cannot be created, or None."""
     name = decl["name"]
-    if decl["dtype"] not in ("float16", "bfloat16", "float32", "float64"):
+    if not dtypes.get(decl["dtype"]).floating:
         return f"tensor {name!r}: the outer optimizer needs floating-point parameters, got {decl['dtype']}"
     try:
         settings(decl["meta"] or {})

@@ -21,8 +21,7 @@ def wire_view(buf, dtype: str) -> np.ndarray:
 
 
 def bf16_to_f32(u16: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    wide = u16.astype(np.uint32) << 16
-    f = wide.view(np.float32)
+    f = dtypes.widen_bf16(u16)
     if out is None:
         return f
     np.copyto(out, f)

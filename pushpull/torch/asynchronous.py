@@ -102,7 +102,7 @@ class _AsyncOptimizer(torch.optim.Optimizer):
         landed (on a surviving server before the change; on the lost one, and lost with it): it is not sent
         again, so none lands twice, and every parameter is pulled again from the servers of the new job (a
         moved key starts from its seed). The cost: at most this step's delta of this worker, and the deltas
-        the lost server took after the newest pull any worker made."""
+        the lost server took after the pull of the seed the new server starts from."""
         self.changes += 1
         for attempt in range(3):
             try:

@@ -73,7 +73,7 @@ def _divide(raw: np.ndarray, dtype: dtypes.DType, count: int) -> None:
     through float32 and back rounding to nearest even (as torch does), integers toward zero."""
     typed = raw.view(dtype.np_wire)
     if dtype.name == "bfloat16":
-        wide = (typed.astype(np.uint32) << 16).view(np.float32) / np.float32(count)
+        wide = dtypes.widen_bf16(typed) / np.float32(count)
         bits = wide.view(np.uint32)
         nan = np.isnan(wide)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16

@@ -202,7 +202,7 @@ class TensorTable:
         from pushpull.outer import momentum_after
 
         wire = out_bytes.view(e.dtype.np_wire)
-        glob = ((wire.astype(np.uint32) << 16).view(np.float32) if e.dtype.name == "bfloat16"
+        glob = (dtypes.widen_bf16(wire) if e.dtype.name == "bfloat16"
                 else wire.astype(e.dtype.np_acc))  # a copy: the output is the caller's
         old = self.seeds.get(e.name)
         momentum = None

@@ -15,11 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _elastic_job(kill: str) -> str:
-    """3 workers, 2 servers, --min-workers 2; tests/scripts/elastic_worker.py kills a ``kill`` mid-run."""
+def _elastic_job(kill: str, restart: str | None = None) -> str:
+    """3 workers, 2 servers, --min-workers 2; tests/scripts/elastic_worker.py kills a ``kill`` mid-run. With
+    ``restart`` (a launcher flag: --restart-workers, --restart-servers) the launcher replaces it once, and the
+    steps are slowed so that the replacement comes in mid-run."""
+    again = [restart, "1", "--env", "ELASTIC_STEP_SLEEP=0.3"] if restart else []
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
-            "--env", f"ELASTIC_KILL={kill}", "--", sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+            *again, "--env", f"ELASTIC_KILL={kill}", "--", sys.executable,
+            str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180 if restart else 120, cwd=ROOT)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     return out
@@ -52,13 +56,7 @@ def test_launcher_says_the_job_goes_on(suicide_job):
 def replacement_job() -> str:
     """As suicide_job, with --restart-workers 1 and slow steps: the launcher starts a replacement for the lost
     worker, which joins the running job (issue 30, item 1)."""
-    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
-            "--restart-workers", "1", "--env", "ELASTIC_KILL=worker", "--env", "ELASTIC_STEP_SLEEP=0.3", "--",
-            sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-3000:]
-    return out
+    return _elastic_job("worker", "--restart-workers")
 
 
 def test_the_launcher_starts_a_replacement_for_a_lost_worker(replacement_job):
@@ -152,13 +150,7 @@ def test_a_server_loss_is_one_reset_at_the_same_size(server_loss_job):
 def server_back_job() -> str:
     """As server_loss_job with --restart-servers 1 and slowed steps: the launcher starts the lost server again
     and it takes the lost one's place in the running job."""
-    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
-            "--restart-servers", "1", "--env", "ELASTIC_KILL=server", "--env", "ELASTIC_STEP_SLEEP=0.3", "--",
-            sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-3000:]
-    return out
+    return _elastic_job("server", "--restart-servers")
 
 
 def test_a_replacement_server_takes_the_lost_ones_place_and_its_partitions_back(server_back_job):
