@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -321,6 +322,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-control", type=int, default=0, metavar="EPOCHS",
                    help="skip the undisturbed run: train this many epochs and hold the accuracy to 0.95 (CI)")
     p.add_argument("--out", default=None, help="the results page (markdown, and .json beside it)")
+    p.add_argument("--logs", default=None, help="where a failed run's whole log goes (default: the temp folder)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=10 ** 6, help=argparse.SUPPRESS)
     p.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -351,8 +353,12 @@ def main(argv=None) -> int:
         runs.append((job, rows))
         r = job["result"]
         print(f"run {n + 1}: exit {job['rc']}, {r}", flush=True)
-        if job["rc"] != 0 or not r:
-            print("\n".join(ln for _, ln in job["lines"][-80:]))
+        if not passed(job, control):  # the whole log, for the cause: a failure's start is often minutes back
+            log = Path(args.logs or tempfile.gettempdir()) / f"pushpull-chaos-run{n + 1}-{os.getpid()}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("\n".join(f"{t - job['t0']:9.3f} {ln}" for t, ln in job["lines"]) + "\n")
+            print("\n".join(ln for _, ln in job["lines"][-40:]))
+            print(f"run {n + 1} failed: its whole log (seconds since its start on each line) is in {log}", flush=True)
     text = report(args, control, runs)
     print(text)
     if args.out:

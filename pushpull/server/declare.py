@@ -41,8 +41,9 @@ class Declarations:
         self.keys = keys  # the server's keys: this adds each once its workers agree on it
         self.regions = regions  # shared memory for the workers on this host (None: not here)
         self.pending: dict[int, dict] = {}  # key -> {"since": t, "by": {rank: (identity, req_id, decl)}}
-        # partitions the last change moved here (their server was lost, or this one replaces it): the only
-        # keys a declaration may bring a seed for, so one rank cannot make this server hold seeds at will
+        # partitions the changes moved here (their server was lost, or this one replaces it) and not declared here
+        # since: the only keys a declaration may bring a seed for, so one rank cannot make this server hold seeds
+        # at will
         self.moved_here: set[int] = set()
         self._reply = reply
         self._error = error
@@ -119,6 +120,7 @@ class Declarations:
             return
         self._share(ks, pend)
         self.keys[key] = ks
+        self.moved_here.discard(key)
         for r, (ident, req_id, _) in pend["by"].items():
             body = [encode_json({"shm": ks.shm.describe(ks.shm_slot[r])})] if r in ks.shm_slot else []
             self._reply(ident, Header(MsgType.INIT_ACK, key=key, req_id=req_id), body)

@@ -184,10 +184,13 @@ class Server:
         self.declarations.pending.clear()  # the workers declare again what was pending
         me = self.members.node_id - nodes.SERVER_BASE
         moved = {int(key): int(to) for key, to in d.get("moved", {}).items()}
+        here = self.declarations.moved_here
         for key, to in moved.items():  # partitions that move to a replacement server leave this one
             if to != me:
                 self.keys.pop(key, None)
-        self.declarations.moved_here = {key for key, to in moved.items() if to == me}
+                here.discard(key)
+            else:  # until declared here: a worker declares it at its next use, which may be a change or two later
+                here.add(key)
         (log.info if "joined_last" in d else log.warning)("workers changed (%s): generation %d, %d workers",
                                                           d.get("lost"), self.members.gen,
                                                           self.members.num_workers)

@@ -203,6 +203,7 @@ class KVClient:
                 d = decode_json(body)
                 self._attach(p, d.get("shm") if isinstance(d, dict) else None)
             p.inited = True
+            p.moved = False  # declared where it moved (with its seed, if it has one)
             self.upper.on_inited(e)
 
     def _attach(self, p: Partition, desc) -> None:

@@ -98,6 +98,9 @@ class Pipeline:
             if state is NEW:
                 e.state = ASSIGNING
                 self.kv.assign(e)
+            elif e.declare_later:
+                e.declare_later = False
+                self.send_inits(e, [p for p in e.parts if not p.inited])
 
     def on_assigned(self, e: Entry, result: dict) -> None:
         """The scheduler's answer: each partition's key and server; then its codecs, then INIT."""
@@ -143,8 +146,7 @@ class Pipeline:
         seed = self.table.seeds.get(e.name)  # read once: a user's thread may replace it (a store key's pull)
         for p in parts:
             shared = offer is not None and p.sock in kv.shm_socks and p.nbytes > kv.shm_min_bytes
-            moved, p.moved = p.moved, False
-            if seed is None or not moved:
+            if seed is None or not p.moved:  # (p.moved stays until the INIT_ACK: sent again, it carries the seed)
                 kv.init(p, e.code, p.nbytes // itemsize, offer if shared else body)
                 continue
             rid, params, momentum = seed
@@ -419,7 +421,7 @@ class Pipeline:
 
     def restart(self, reason: str, moved: dict[int, int], keep_shared: bool = False) -> None:
         """The workers changed (elastic): every op fails with WorkersChanged, the partitions of a lost server
-        move (and are declared again), and every tensor's rounds start again from 1. Shared-memory regions
+        move (and are declared again by their next op), and every tensor's rounds start again from 1. Shared-memory regions
         are dropped (their slots were the ranks' of before) unless ``keep_shared``: the end of a join(), which
         keeps every rank, as the servers then do."""
         kv = self.kv
@@ -446,5 +448,8 @@ class Pipeline:
                 p.completed = 0  # the servers number rounds from 1 again too
                 if not keep_shared:  # the servers stop sharing memory: slots were the ranks' of before
                     p.shm = p.shm_push = None
-            if e.state is INITING:  # declarations pending, or moved to another server: declare again
-                self.send_inits(e, [p for p in e.parts if not p.inited])
+            # declarations pending, or moved to another server: declared again by the next op that uses it, not
+            # now. Why: the servers wait for every rank's declaration, and a rank that came into the job after this
+            # one declared it (or a name, like broadcast's agreement on a size, that the new job no longer uses)
+            # would never send one: the declaration would time out and fail the tensor for its next use
+            e.declare_later = e.state is INITING

@@ -111,7 +111,7 @@ class Partition:
     completed: int = 0    # backup workers: the highest round its server said had completed
     shm: object = None    # its key's shared-memory region (pushpull.transport.shm), when its server gave one
     shm_push: object = None  # this rank's slot in it
-    moved: bool = False   # it moved to another server (elastic) and is declared there next, with its seed
+    moved: bool = False   # it moved to another server (elastic) and is declared there next, with its seed (until acked)
 
 
 @dataclass
@@ -134,6 +134,9 @@ class Entry:
     spec: KeySpec = PLAIN
     direct_header: object = None  # the direct path's PUSH header, reused call after call (DirectCalls.push_pull_now)
     assigned: int | None = None  # its tensor key, once the scheduler placed it (told to a scheduler taking over)
+    # a change of the job (elastic) left INITs to send again (pending ones, or moved partitions): sent by its next
+    # op, so that only the ranks that use it declare it (a rank that came in later may never have)
+    declare_later: bool = False
 
     def assign_request(self) -> dict:
         """What the scheduler places it by (an ASSIGN's body; the same names tell a scheduler that takes the

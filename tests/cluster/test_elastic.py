@@ -166,3 +166,21 @@ def test_sums_stay_exact_with_the_replacement_server(server_back_job):
 
 def test_the_loss_and_the_replacement_are_two_resets_at_the_same_size(server_back_job):
     assert server_back_job.count("resets 2 sizes [3, 3, 3, 3, 3]") == 3, server_back_job[-3000:]
+
+
+def test_keys_only_part_of_the_job_declared_survive_a_move_and_a_later_use():
+    """The chaos run's third failure (issue 30), made deterministic: keys declared only at size 2 (the replacement
+    never declares them) move with a lost server; used again at size 2 after PUSHPULL_TIMEOUT, they must sum
+    exactly, not fail with the declaration the servers had waited for in vain
+    (tests/scripts/elastic_stale_worker.py)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--restart-workers", "1", "--restart-servers", "1", "--env", "PUSHPULL_TIMEOUT=6", "--", sys.executable,
+            str(ROOT / "tests" / "scripts" / "elastic_stale_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert out.count("ALL-OK") == 2 and "FAIL" not in out, out[-4000:]
+    assert "a replacement server" in out and "VICTIM replacement worker dies now" in out, out[-4000:]
+    # both survivors summed the size-2 keys before the replacement came and again after it left
+    sizes = re.findall(r"STALE rank \d->\d size 2 sizes (\[[\d, ]+\]) stale sums (\d+)", out)
+    assert len(sizes) == 2 and all("3" in s and s.rstrip("]").endswith("2") for s, _ in sizes), out[-4000:]

@@ -181,3 +181,16 @@ def test_the_worker_advances_an_outer_keys_seed_as_each_answer_arrives(lr, mu, n
             assert buf is None
         else:
             np.testing.assert_allclose(buf, want, rtol=1e-3, atol=1e-5)
+
+
+def test_a_seed_is_taken_only_until_the_moved_key_is_declared_here():
+    """A moved key waits for its seeds across changes (a worker declares it at its next use), but once declared
+    here it is this server's own: a later seed for it is refused."""
+    decls, keys, replies = _declarations()
+    seed = [np.full(4, 2.0, np.float32).tobytes()]
+    _init(decls, 0, {"round": 5, "momentum": False}, seed, op="store")
+    _init(decls, 1, {"round": 5, "momentum": False}, seed, op="store")
+    assert 7 in keys and 7 not in decls.moved_here and not replies.errors
+    del keys[7]  # as if it moved away and back without the scheduler saying so
+    _init(decls, 0, {"round": 6, "momentum": False}, seed, op="store")
+    assert "key 7 did not move to this server" in replies.errors[0][1]

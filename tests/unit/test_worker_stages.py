@@ -70,6 +70,7 @@ class Harness:
         e = self.table.entry(name, tuple(tensor.shape), dtypes.of_torch(tensor.dtype), None, PLAIN, self.cfg)
         out = torch.empty_like(tensor)
         op = Op(Handle(name, out), e, raw_bytes(tensor.contiguous()), out, raw_bytes(out), average, 0)
+        op.gen = self.kv.gen  # submitted in the job's generation now (as the engine stamps it)
         e.busy = True
         self.van.call_soon(lambda: self.pipeline.start(op))
         return op
@@ -374,3 +375,49 @@ def test_after_a_failed_op_its_partitions_still_out_push_over_the_socket(shm_har
     assert op2.handle.error is None and torch.equal(op2.out, torch.full((12,), 3.0))
     flagged = {h.key: bool(h.flags & Flags.SHM) for h in hw.pushes}
     assert flagged == {good.header.key: True, bad.header.key: False, out.header.key: False}
+
+
+def _inits(hw: Harness) -> list:
+    return [(sid, h.key) for sid, h, _ in hw.van.sent if h.type == MsgType.INIT]
+
+
+def _ready_then_moved(hw: Harness) -> Op:
+    """A tensor declared and used once, whose partition 0 then moves to server 1 with a change of the job."""
+    op = hw.submit("t", torch.ones(2))
+    hw.pump()
+    assert op.entry.state is READY
+    hw.kv.gen = 1
+    hw.pipeline.restart("the job changed", {op.entry.parts[0].key: 1})
+    return op
+
+
+def test_a_moved_partition_is_declared_again_by_its_next_op_not_at_the_change():
+    """A rank that came in after the others declared a tensor never declares it where it moved, so a
+    declaration sent at the change would wait for it until the timeout and then fail the tensor for its next
+    use (the chaos run's third failure); declared by its next op, it waits only for the ranks that use it."""
+    hw = Harness()
+    op = _ready_then_moved(hw)
+    assert op.entry.state is INITING and op.entry.declare_later and _inits(hw) == []
+    again = hw.submit("t", torch.ones(2))
+    hw.van.soon.pop()()  # start the op: its declaration goes out with it
+    assert _inits(hw) == [("s1", op.entry.parts[0].key)]
+    hw.pump()
+    assert again.handle.done() and again.handle.error is None and op.entry.state is READY
+
+
+def test_a_moved_partition_keeps_its_seed_flag_until_the_server_acknowledges_it():
+    """Sent again after another change (its first INIT answered by no one), a moved outer key's declaration must
+    still carry its seed."""
+    hw = Harness()
+    op = _ready_then_moved(hw)
+    part = op.entry.parts[0]
+    hw.submit("t", torch.ones(2))
+    hw.pump(hold=frozenset({MsgType.INIT_ACK}))
+    assert part.moved and not part.inited
+    hw.kv.gen = 2
+    hw.pipeline.restart("the job changed again", {})
+    hw.held = []
+    assert part.moved and op.entry.declare_later
+    hw.submit("t", torch.ones(2))
+    hw.pump()
+    assert part.inited and not part.moved

@@ -1,0 +1,91 @@
+"""Keys that only part of the job declared, moved with a lost server (the chaos run's third failure, issue 30).
+
+Under ``pushpull launch --workers 3 --servers 2 --min-workers 2 --restart-workers 1 --restart-servers 1``: the
+worker started as rank 1 kills itself in epoch 1; at size 2 every step also sums four keys whose names hold the
+size (as elastic.run's own agreement keys do), which the replacement, once in, never uses. Rank 0 then kills a
+server: those keys move with its partitions (and back to its replacement). Longer than PUSHPULL_TIMEOUT later the
+replacement worker kills itself, and the two left use the size-2 keys again: their sums must be exact. Before a
+change's declarations waited for their next use, the survivors declared the moved keys at once, the servers
+waited for the replacement's declaration too, and at the timeout failed the keys for their next use."""
+import os
+import re
+import signal
+import sys
+import time
+
+import torch
+
+import pushpull.torch as bps
+from pushpull.bench.victims import kill_a_server
+
+STEP_SLEEP = 0.3
+bps.init()
+late = bps.engine().joined_late
+first_rank = bps.engine().first_rank
+print(f"START first rank {first_rank} rank {bps.rank()} size {bps.size()} late {late}", flush=True)
+torch.manual_seed(first_rank)
+model = torch.nn.Linear(8, 1)
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                               named_parameters=model.named_parameters())
+state = bps.elastic.TorchState(model, opt, epoch=0, sizes=[])
+g = torch.Generator().manual_seed(0)
+x_all, w_true = torch.randn(600, 8, generator=g), torch.randn(8, 1, generator=g)
+y_all = x_all @ w_true
+done = {"server": False, "stale_sums": 0}
+
+
+def kill_stale_keys_server() -> None:
+    """SIGKILL the server that holds the first size-2 key (found by its Unix socket's name, which holds its pid;
+    any server where the servers have none)."""
+    eng = bps.engine()
+    server = eng.table.entries["allreduce.stale0.n2"].parts[0].server
+    pid = re.search(r"pushpull-server-(\d+)-", eng.server_addrs[f"s{server}"])
+    if pid is None:
+        kill_a_server(bps.config().root_port)
+        return
+    print(f"VICTIM server {server} (pid {pid.group(1)}), which holds stale0.n2, dies now", flush=True)
+    os.kill(int(pid.group(1)), signal.SIGKILL)
+
+
+@bps.elastic.run
+def train(state):
+    while state.epoch < 11:
+        rank, size = bps.rank(), bps.size()
+        state.sizes = state.sizes + [size]
+        idx = torch.arange(rank, 600, size)
+        for step in range(10):
+            time.sleep(STEP_SLEEP)
+            if first_rank == 1 and not late and state.epoch == 1 and step == 4:
+                print("VICTIM worker dies now", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if first_rank == 0 and size == 3 and state.epoch >= 4 and not done["server"]:
+                done["server"] = True
+                kill_stale_keys_server()
+            if late and size == 3 and state.epoch >= 8 and step == 4:
+                print("VICTIM replacement worker dies now", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if size == 2:  # keys of this size only: the replacement never declares them
+                for i in range(4):
+                    got = bps.push_pull(torch.ones(4), average=False, name=f"stale{i}.n{size}")
+                    if not torch.equal(got, torch.full((4,), float(size))):
+                        print(f"FAIL: stale{i}.n{size} summed to {got.tolist()}", flush=True)
+                        sys.exit(3)
+                    done["stale_sums"] += 1
+            b = idx[step * 20:(step + 1) * 20]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
+            opt.step()
+        state.epoch += 1
+        state.commit()
+
+
+train(state)
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+total = bps.push_pull(flat.clone(), average=False, name="stale.check")
+if not torch.allclose(total, flat * bps.size(), atol=1e-6):
+    print(f"FAIL: parameters differ: {total - flat * bps.size()}", flush=True)
+    sys.exit(3)
+print(f"STALE rank {first_rank}->{bps.rank()} size {bps.size()} sizes {state.sizes} stale sums {done['stale_sums']} "
+      f"late {late}", flush=True)
+bps.shutdown()
+print("ALL-OK", flush=True)
