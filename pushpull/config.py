@@ -386,6 +386,13 @@ SETTINGS: tuple[Setting, ...] = (
       "renumbered, averages over the survivors; in-flight operations raise WorkersChanged, which "
       "pushpull.torch.elastic.run turns into a restore of the last commit) instead of ending. "
       "`pushpull launch --min-workers M` sets it."),
+    S("elastic_dir", [], None, lambda s: s or None, "folder path, or 'off'",
+      "Where pushpull.torch.elastic.run keeps each commit on this node's disk (one file, replaced at each commit, "
+      "written by the node's local rank 0), so that a restart of every worker resumes from the last commit: "
+      "torchrun --nnodes MIN:MAX restarts every worker when a node leaves or joins. After such a restart the ranks "
+      "agree on the newest commit any node kept and every rank takes it from that node. Default: under torchrun "
+      "with --max-restarts > 0, a folder of this user's in the temp folder, one per run id; otherwise off. "
+      "Values must load with torch.load(weights_only=True): tensors, numbers, strings, containers (docs/elastic.md)."),
     S("scheduler_recovery", [], 0.0, _float_nonneg, "seconds >= 0 (0 = off)",
       "A lost scheduler: nodes keep training and wait this long for a new one at the same address, then "
       "register with it again (it rebuilds the membership from them); 0: a lost scheduler ends the job. "
@@ -516,6 +523,7 @@ class Config:
     secret_file: str | None
     # --- elastic training
     min_workers: int
+    elastic_dir: str | None
     scheduler_recovery: float
     scheduler_recover: bool
     # --- liveness

@@ -17,18 +17,21 @@ only local processes reach it; across machines set PUSHPULL_SECRET on every node
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import secrets
 import socket
 import subprocess
 import sys
+import time
 
 from pushpull.config import read_setting
 
 log = logging.getLogger(__name__)
 
 _STARTED: list[subprocess.Popen] = []
+_STORES: list = []  # a TCPStore this process serves (rank 0 without torchrun's agent store)
 
 
 def wanted(env=os.environ) -> bool:
@@ -59,18 +62,61 @@ def start_cluster(timeout: float = 120.0) -> None:
     node = int(env.get("GROUP_RANK", rank // local_world))
     per_node = read_setting("servers_per_node", env)[0]
     master = env.get("MASTER_ADDR", "127.0.0.1")
-    store = TCPStore(master, int(env["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=timeout))
-    prefix = f"pushpull/{env.get('TORCHELASTIC_RUN_ID')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    if rank == 0:
-        store.set(prefix + "port", str(_free_port(master)))
-        store.set(prefix + "secret", env.get("PUSHPULL_SECRET") or secrets.token_urlsafe(32))
-    port = store.get(prefix + "port").decode()
+    # with torchrun's own store (its default) the agent serves it; without it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+    # MASTER_PORT is a fresh port for rank 0 to serve, as torch.distributed's env:// does (multi-tenant: a later
+    # init_process_group in this process shares it)
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "True") == "True"
+    store = TCPStore(master, int(env["MASTER_PORT"]), is_master=rank == 0 and not agent_store,
+                     timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                     **({} if agent_store else {"multi_tenant": True}))
+    if not agent_store and rank == 0:
+        _STORES.append(store)  # served as long as this process lives
+    port, secret = agree_job(store, f"pushpull/{env.get('TORCHELASTIC_RUN_ID')}/", rank, world,
+                             lambda: (_free_port(master), env.get("PUSHPULL_SECRET") or secrets.token_urlsafe(32)),
+                             timeout)
     if not env.get("PUSHPULL_SECRET") and not env.get("PUSHPULL_SECRET_FILE"):
-        env["PUSHPULL_SECRET"] = store.get(prefix + "secret").decode()
+        env["PUSHPULL_SECRET"] = secret
     start_job("torchrun", env, host=master, port=int(port), nodes=nodes, node=node, per_node=local_world,
               rank=rank, local_rank=local_rank, servers=per_node, drop=("RANK", "LOCAL_RANK", "GROUP_RANK"),
               what=f"{nodes} node(s) x {local_world} process(es); scheduler {master}:{port}")
+
+
+def agree_job(store, prefix: str, rank: int, world: int, pick, timeout: float) -> tuple[int, str]:
+    """Rank 0's choice of the scheduler's port and the secret (``pick()``), as every rank of this rendezvous round
+    reads it from torchrun's store. Why not one key that rank 0 sets: torchrun's store outlives a round (the
+    agent serves one store for as long as the same node leads, under --nnodes MIN:MAX too), so a rank of a new
+    round could read the last round's choice before rank 0 replaces it, and register with a dead scheduler; and
+    no round number is common to every node (a node that joined later counts its restarts from 0). So each rank
+    asks with a fresh nonce, and rank 0 answers each nonce it finds, until every rank has said it read this
+    round's answer (stale nonces of an earlier round get an answer nobody reads)."""
+    if rank == 0:
+        port, secret = pick()
+        token = secrets.token_hex(8)
+        answer = json.dumps({"port": port, "secret": secret, "token": token})
+        answered: set[str] = set()
+        waiting = set(range(1, world))
+        deadline = time.monotonic() + timeout
+        while waiting:
+            for r in sorted(waiting):
+                if store.check([f"{prefix}ack/{r}/{token}"]):
+                    waiting.discard(r)
+                elif store.check([f"{prefix}ask/{r}"]):
+                    nonce = store.get(f"{prefix}ask/{r}").decode()
+                    if nonce not in answered:
+                        store.set(f"{prefix}answer/{nonce}", answer)
+                        answered.add(nonce)
+            if waiting and time.monotonic() > deadline:
+                raise RuntimeError(f"torchrun: rank(s) {sorted(waiting)} did not read the pushpull job's address "
+                                   f"from torchrun's store within {timeout:g}s")
+            if waiting:
+                time.sleep(0.02)
+        return port, secret
+    nonce = secrets.token_hex(8)
+    store.set(f"{prefix}ask/{rank}", nonce)
+    store.wait([f"{prefix}answer/{nonce}"], datetime.timedelta(seconds=timeout))
+    got = json.loads(store.get(f"{prefix}answer/{nonce}"))
+    store.set(f"{prefix}ack/{rank}/{got['token']}", "1")
+    return int(got["port"]), str(got["secret"])
 
 
 def start_job(who: str, env, *, host: str, port: int, nodes: int, node: int, per_node: int, rank: int,

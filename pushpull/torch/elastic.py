@@ -22,22 +22,31 @@ again at the top of the epoch) and syncs from the new rank 0.
             state.commit()
 
     train(state)
+
+Under ``torchrun --nnodes MIN:MAX`` (or any launcher that restarts every worker on a change), the processes
+that held the commit in memory are all ended and started again; :func:`run` then resumes from the newest commit
+a node kept on its disk (PUSHPULL_ELASTIC_DIR, on by default under torchrun with ``--max-restarts`` > 0).
 """
 from __future__ import annotations
 
 import copy
 import functools
 import logging
+import os
+import re
+import tempfile
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from pushpull.config import read_setting
 from pushpull.torch import functions, ops
 from pushpull.worker.handle import WorkersChanged
 
 log = logging.getLogger("pushpull.elastic")
 
-__all__ = ["State", "TorchState", "WorkersChanged", "run"]
+__all__ = ["Keeper", "State", "TorchState", "WorkersChanged", "run"]
 
 
 class State:
@@ -49,6 +58,8 @@ class State:
         object.__setattr__(self, "_saved", copy.deepcopy(values))
         object.__setattr__(self, "_callbacks", [])
         object.__setattr__(self, "resets", 0)
+        object.__setattr__(self, "_commits", 0)  # commits so far in the job (across restarts: the newest wins)
+        object.__setattr__(self, "_keeper", None)  # this node's copy on disk (run() sets it, PUSHPULL_ELASTIC_DIR)
 
     def __getattr__(self, name):
         try:
@@ -68,15 +79,38 @@ class State:
 
     def commit(self) -> None:
         self.__dict__["_saved"] = copy.deepcopy(self._values)
+        self._kept()
+
+    def _kept(self) -> None:
+        """Count the commit, and keep it on this node's disk where run() was told to."""
+        self.__dict__["_commits"] += 1
+        if self._keeper is not None:
+            self._keeper.save(self._commits, self._fingerprint(), self._payload())
+
+    def _payload(self) -> dict:
+        """The last commit, as it goes to disk."""
+        return {"values": self._saved}
+
+    def _fingerprint(self) -> str:
+        """What a commit on disk must match to be this job's: the names of the values (and, for a TorchState,
+        the model's tensors and their shapes), so that another job's file is never taken for it."""
+        return "values:" + ",".join(sorted(self._values))
+
+    def take(self, payload: dict) -> None:
+        """Make a commit kept on disk this worker's state (and its last commit)."""
+        self._values.clear()
+        self._values.update(payload["values"])
+        self.__dict__["_saved"] = copy.deepcopy(self._values)
 
     def restore(self) -> None:
         self._values.clear()
         self._values.update(copy.deepcopy(self._saved))
 
-    def sync(self) -> None:
-        """Every worker takes rank 0's values (JSON-able values travel as JSON, tensors as tensors)."""
+    def sync(self, root_rank: int = 0) -> None:
+        """Every worker takes ``root_rank``'s values (JSON-able values travel as JSON, tensors as tensors)."""
         if ops.engine() is not None:
-            self._values.update(functions.broadcast_object(dict(self._values), root_rank=0, name="elastic.state"))
+            self._values.update(functions.broadcast_object(dict(self._values), root_rank=root_rank,
+                                                           name="elastic.state"))
 
     def on_reset(self) -> None:
         for fn in self._callbacks:
@@ -103,7 +137,24 @@ class TorchState(State):
             self.__dict__["_opt_saved"] = copy.deepcopy(self.optimizer.state_dict())
 
     def commit(self) -> None:
-        super().commit()
+        self.__dict__["_saved"] = copy.deepcopy(self._values)
+        self._save_torch()
+        self._kept()
+
+    def _payload(self) -> dict:
+        return {"values": self._saved, "model": self._model_saved, "optimizer": self._opt_saved}
+
+    def _fingerprint(self) -> str:
+        shapes = ";".join(f"{k}:{list(v.shape)}" for k, v in self.model.state_dict().items()) if self.model else ""
+        groups = [len(g["params"]) for g in self.optimizer.param_groups] if self.optimizer is not None else []
+        return f"{super()._fingerprint()} model:{shapes} optimizer:{type(self.optimizer).__name__}{groups}"
+
+    def take(self, payload: dict) -> None:
+        super().take(payload)
+        if self.model is not None and payload.get("model") is not None:
+            self.model.load_state_dict(payload["model"])
+        if self.optimizer is not None and payload.get("optimizer") is not None:
+            self.optimizer.load_state_dict(payload["optimizer"])
         self._save_torch()
 
     def restore(self) -> None:
@@ -116,14 +167,106 @@ class TorchState(State):
             if self._opt_saved is not None:
                 self.optimizer.load_state_dict(copy.deepcopy(self._opt_saved))
 
-    def sync(self) -> None:
-        super().sync()
+    def sync(self, root_rank: int = 0) -> None:
+        super().sync(root_rank)
         if ops.engine() is None:
             return
         if self.model is not None:
-            functions.broadcast_parameters(self.model.state_dict(), root_rank=0, prefix="elastic.model.")
+            functions.broadcast_parameters(self.model.state_dict(), root_rank=root_rank, prefix="elastic.model.")
         if self.optimizer is not None:
-            functions.broadcast_optimizer_state(self.optimizer, root_rank=0, prefix="elastic.opt.")
+            functions.broadcast_optimizer_state(self.optimizer, root_rank=root_rank, prefix="elastic.opt.")
+
+
+class Keeper:
+    """This node's copy of the last commit, in one file (PUSHPULL_ELASTIC_DIR). Why: ``torchrun --nnodes
+    MIN:MAX`` ends every worker when a node leaves or joins and starts them all again, so the commit they held in
+    memory is gone; the node's disk keeps it. One writer per node (its local rank 0: every rank's commit is the
+    same), replaced atomically at each commit, read back with ``torch.load(weights_only=True)`` (no code runs)."""
+
+    FILE = "commit.pt"
+
+    def __init__(self, folder: Path, writer: bool):
+        self.folder = folder
+        self.writer = writer
+        self.path = folder / self.FILE
+
+    @classmethod
+    def from_env(cls, env=os.environ, writer: bool | None = None) -> "Keeper | None":
+        """PUSHPULL_ELASTIC_DIR's folder ('off': none); unset, a private folder per run under torchrun with
+        --max-restarts > 0, else none. ``writer`` (default: whether this is its node's local rank 0) keeps it."""
+        folder, _ = read_setting("elastic_dir", env)
+        private = False
+        # (torchrun's default --rdzv-id is 'none': every such job would share the folder)
+        if folder is None and env.get("TORCHELASTIC_RUN_ID", "none") != "none" \
+                and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+            run_id = re.sub(r"[^A-Za-z0-9_.-]", "_", env["TORCHELASTIC_RUN_ID"])
+            folder, private = os.path.join(tempfile.gettempdir(), f"pushpull-elastic-{os.getuid()}-{run_id}"), True
+        if folder is None or folder == "off":
+            return None
+        path = Path(folder)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.lstat()
+        if private and (st.st_uid != os.getuid() or st.st_mode & 0o077 or not path.is_dir() or path.is_symlink()):
+            raise RuntimeError(f"elastic.run: {path} (where this node keeps its last commit) is not this user's "
+                               f"private folder (owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}): another "
+                               f"user could give this job its state; remove it, or set PUSHPULL_ELASTIC_DIR")
+        keeper = cls(path, ops.local_rank() == 0 if writer is None else writer)
+        if keeper.writer:  # a worker killed while it wrote left its part-written file
+            for stale in path.glob(f".{cls.FILE}.*"):
+                stale.unlink(missing_ok=True)
+        return keeper
+
+    def save(self, commits: int, fingerprint: str, payload: dict) -> None:
+        if not self.writer:
+            return
+        tmp = self.path.with_name(f".{self.FILE}.{os.getpid()}")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # the weights: ours
+            torch.save({"commits": commits, "fingerprint": fingerprint, **payload}, f)
+        os.replace(tmp, self.path)  # whole or not at all: a worker killed mid-write leaves the last one
+
+    def load(self, fingerprint: str | None = None) -> dict | None:
+        """The commit this node kept (None: none, not this job's (its ``fingerprint`` differs), or this process
+        is not the node's writer)."""
+        if not self.writer or not self.path.exists():
+            return None
+        try:
+            kept = torch.load(self.path, map_location="cpu", weights_only=True)
+            int(kept["commits"]), kept["values"]
+        except Exception as e:  # noqa: BLE001 - any unreadable file: say which, and how to go on
+            raise RuntimeError(f"elastic.run: the commit kept in {self.path} cannot be read ({e!r}); remove it to "
+                               f"start afresh, or set PUSHPULL_ELASTIC_DIR elsewhere") from None
+        if fingerprint is not None and kept.get("fingerprint") != fingerprint:
+            log.warning("elastic.run: %s holds another job's commit (its model or named values differ from this "
+                        "one's); not resuming from it", self.path)
+            return None
+        return kept
+
+    def remove(self) -> None:
+        """Training is done: no restart should resume from it."""
+        if self.writer:
+            self.path.unlink(missing_ok=True)
+
+
+def _resume(state: State, keeper: Keeper) -> int:
+    """After a restart of every worker: the ranks agree on the newest commit any node kept, the lowest rank
+    whose node has it takes it, and it is the root of the sync that follows. Returns that rank (0: none kept)."""
+    kept = keeper.load(state._fingerprint())
+    mine = int(kept["commits"]) if kept is not None else 0
+    n, rank = ops.size(), ops.rank()
+    counts = torch.zeros(n, dtype=torch.int64)
+    counts[rank] = mine
+    if ops.engine() is not None:
+        counts = ops.push_pull(counts, average=False, name=f"elastic.resume.n{n}")
+    best = int(counts.max())
+    if best == 0:
+        return 0
+    root = int((counts == best).nonzero()[0])
+    if rank == root:
+        state.take(kept)
+    object.__setattr__(state, "_commits", best)
+    log.warning("resuming from commit %d, which the node of rank %d kept%s; %d worker(s) now", best, root,
+                f" ({keeper.path})" if rank == root else "", n)
+    return root
 
 
 def run(fn: Callable) -> Callable:
@@ -134,13 +277,29 @@ def run(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(state: State, *args, **kwargs):
         synced = False
+        keeper = Keeper.from_env()
+        eng = ops.engine()
+        # resumed from disk only at a job's start: a worker that came into a running job (pushpull launch
+        # --restart-workers) takes the others' state as any newcomer does
+        resumed = keeper is None or (eng is not None and (eng.gen or eng.joined_late))
         while True:
             try:
                 if not synced:  # every worker from rank 0's state, committed: the same point to come back to
-                    state.sync()
+                    root = 0
+                    if not resumed:  # a restart of every worker: from the newest commit a node kept
+                        root = _resume(state, keeper)
+                    state.sync(root) if root else state.sync()
+                    if keeper is not None and ops.engine() is not None:  # every rank counts commits alike
+                        got = functions.broadcast_object(state._commits, root_rank=root, name="elastic.commits")
+                        object.__setattr__(state, "_commits", int(got))
+                    object.__setattr__(state, "_keeper", keeper)  # (a change during the sync: the file stays)
+                    resumed = True
                     state.commit()
                     synced = True
-                return fn(state, *args, **kwargs)
+                out = fn(state, *args, **kwargs)
+                if keeper is not None:
+                    keeper.remove()
+                return out
             except WorkersChanged as e:
                 object.__setattr__(state, "resets", state.resets + 1)
                 log.warning("workers changed (%s); restoring the last commit and going on as rank %d of %d",

@@ -585,7 +585,8 @@ class Engine:
     def _reset(self, d: dict) -> None:
         """The workers changed (elastic; servers have applied it already): take the new rank and size, fail
         every op in flight with WorkersChanged (the caller restores its last commit and goes on), and start
-        every tensor's rounds again from 1; declarations still pending are sent again."""
+        every tensor's rounds again from 1; declarations still pending, and those of moved partitions, are sent
+        again by each tensor's next op (Pipeline.restart)."""
         new_rank = d["ranks"].get(str(self.first_rank))
         if new_rank is None:
             self.member.fail(f"this worker was dropped from the job ({d.get('lost')})")

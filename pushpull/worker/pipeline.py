@@ -130,6 +130,9 @@ class Pipeline:
         if not e.parts:
             self.ready(e)
             return
+        if not e.waiting:  # a change of the job failed the ops that asked: declared by the next one (restart)
+            e.declare_later = True
+            return
         self.send_inits(e, e.parts)
 
     def send_inits(self, e: Entry, parts: list) -> None:

@@ -421,3 +421,20 @@ def test_a_moved_partition_keeps_its_seed_flag_until_the_server_acknowledges_it(
     hw.submit("t", torch.ones(2))
     hw.pump()
     assert part.inited and not part.moved
+
+
+def test_a_placement_that_arrives_after_a_change_failed_its_op_is_declared_by_the_next_op():
+    hw = Harness()
+    op = hw.submit("t", torch.ones(2))
+    hw.pump(hold=frozenset({MsgType.ASSIGN_ACK}))
+    hw.kv.gen = 1
+    hw.pipeline.restart("the job changed", {})
+    hw.pump()
+    assert op.handle.done() and op.handle.error is not None
+    held, hw.held = hw.held, []
+    for msg in held:
+        hw.deliver(msg)
+    assert op.entry.state is INITING and op.entry.declare_later and _inits(hw) == []
+    again = hw.submit("t", torch.ones(2))
+    hw.pump()
+    assert again.handle.done() and again.handle.error is None and op.entry.state is READY
