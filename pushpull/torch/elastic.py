@@ -59,6 +59,7 @@ class State:
         object.__setattr__(self, "_callbacks", [])
         object.__setattr__(self, "resets", 0)
         object.__setattr__(self, "_commits", 0)  # commits so far in the job (across restarts: the newest wins)
+        object.__setattr__(self, "_names", sorted(values))  # the values it was made with (its fingerprint)
         object.__setattr__(self, "_keeper", None)  # this node's copy on disk (run() sets it, PUSHPULL_ELASTIC_DIR)
 
     def __getattr__(self, name):
@@ -94,7 +95,7 @@ class State:
     def _fingerprint(self) -> str:
         """What a commit on disk must match to be this job's: the names of the values (and, for a TorchState,
         the model's tensors and their shapes), so that another job's file is never taken for it."""
-        return "values:" + ",".join(sorted(self._values))
+        return "values:" + ",".join(self._names)
 
     def take(self, payload: dict) -> None:
         """Make a commit kept on disk this worker's state (and its last commit)."""
@@ -185,9 +186,11 @@ class Keeper:
 
     FILE = "commit.pt"
 
-    def __init__(self, folder: Path, writer: bool):
+    def __init__(self, folder: Path, writer: bool, owner: str | None = None):
+        """``owner``: the torchrun agent this node's commits belong to (its pid and start time), or None (any)."""
         self.folder = folder
         self.writer = writer
+        self.owner = owner
         self.path = folder / self.FILE
 
     @classmethod
@@ -210,7 +213,9 @@ class Keeper:
             raise RuntimeError(f"elastic.run: {path} (where this node keeps its last commit) is not this user's "
                                f"private folder (owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}): another "
                                f"user could give this job its state; remove it, or set PUSHPULL_ELASTIC_DIR")
-        keeper = cls(path, ops.local_rank() == 0 if writer is None else writer)
+        # in the default folder a commit belongs to this node's torchrun agent, which lives through every round of
+        # the run: a later run under the same --rdzv-id (a new agent) starts afresh instead of resuming it
+        keeper = cls(path, ops.local_rank() == 0 if writer is None else writer, _agent() if private else None)
         if keeper.writer:  # a worker killed while it wrote left its part-written file
             for stale in path.glob(f".{cls.FILE}.*"):
                 stale.unlink(missing_ok=True)
@@ -219,9 +224,11 @@ class Keeper:
     def save(self, commits: int, fingerprint: str, payload: dict) -> None:
         if not self.writer:
             return
-        tmp = self.path.with_name(f".{self.FILE}.{os.getpid()}")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # the weights: ours
-            torch.save({"commits": commits, "fingerprint": fingerprint, **payload}, f)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.FILE}.", dir=self.folder)  # 0600, a name of its own
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"commits": commits, "fingerprint": fingerprint, "owner": self.owner, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)  # whole or not at all: a worker killed mid-write leaves the last one
 
     def load(self, fingerprint: str | None = None) -> dict | None:
@@ -232,40 +239,52 @@ class Keeper:
         try:
             kept = torch.load(self.path, map_location="cpu", weights_only=True)
             int(kept["commits"]), kept["values"]
-        except Exception as e:  # noqa: BLE001 - any unreadable file: say which, and how to go on
-            raise RuntimeError(f"elastic.run: the commit kept in {self.path} cannot be read ({e!r}); remove it to "
-                               f"start afresh, or set PUSHPULL_ELASTIC_DIR elsewhere") from None
+        except Exception as e:  # noqa: BLE001 - any unreadable file: set aside, so that no restart reads it again
+            aside = self.path.with_name(self.FILE + ".unreadable")
+            os.replace(self.path, aside)
+            log.error("elastic.run: the commit kept in %s cannot be read (%r); set aside as %s, this node "
+                      "resumes nothing", self.path, e, aside)
+            return None
+        if self.owner is not None and kept.get("owner") != self.owner:
+            log.info("elastic.run: %s holds the commit of an earlier run under this run id; starting afresh",
+                     self.path)
+            return None
         if fingerprint is not None and kept.get("fingerprint") != fingerprint:
-            log.warning("elastic.run: %s holds another job's commit (its model or named values differ from this "
-                        "one's); not resuming from it", self.path)
+            log.warning("elastic.run: %s holds another job's commit (its model, optimizer or named values differ "
+                        "from this one's); not resuming from it", self.path)
             return None
         return kept
 
-    def remove(self) -> None:
-        """Training is done: no restart should resume from it."""
-        if self.writer:
-            self.path.unlink(missing_ok=True)
+
+def _agent() -> str | None:
+    """This process's parent (torchrun's agent, under torchrun) as pid and start time, which no later process
+    of that pid shares."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            return f"{ppid}:{f.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None
 
 
-def _resume(state: State, keeper: Keeper) -> int:
-    """After a restart of every worker: the ranks agree on the newest commit any node kept, the lowest rank
-    whose node has it takes it, and it is the root of the sync that follows. Returns that rank (0: none kept)."""
-    kept = keeper.load(state._fingerprint())
-    mine = int(kept["commits"]) if kept is not None else 0
+def _elect(state: State, kept: dict | None) -> int:
+    """The rank every rank syncs from: the lowest one holding the newest commit, counting each rank's in memory
+    and, after a restart of every worker, the one its node kept on disk (``kept``), which that rank then takes.
+    Every rank takes part in every sync, so all make the same calls whatever each holds (a newcomer holds none:
+    the others' count wins, and rank 0 is theirs)."""
+    on_disk = int(kept["commits"]) if kept is not None else 0
     n, rank = ops.size(), ops.rank()
     counts = torch.zeros(n, dtype=torch.int64)
-    counts[rank] = mine
-    if ops.engine() is not None:
-        counts = ops.push_pull(counts, average=False, name=f"elastic.resume.n{n}")
+    counts[rank] = max(state._commits, on_disk)
+    counts = ops.push_pull(counts, average=False, name=f"elastic.commits.n{n}")
     best = int(counts.max())
-    if best == 0:
-        return 0
-    root = int((counts == best).nonzero()[0])
-    if rank == root:
+    root = int((counts == best).nonzero()[0]) if best else 0
+    if rank == root and kept is not None and on_disk == best and on_disk > state._commits:
         state.take(kept)
+        log.warning("resuming from commit %d, kept on this node (%s); %d worker(s) now", best, kept.get("where"), n)
+    elif root != 0 and rank != root:
+        log.warning("resuming from commit %d, which rank %d's node kept; %d worker(s) now", best, root, n)
     object.__setattr__(state, "_commits", best)
-    log.warning("resuming from commit %d, which the node of rank %d kept%s; %d worker(s) now", best, root,
-                f" ({keeper.path})" if rank == root else "", n)
     return root
 
 
@@ -279,27 +298,29 @@ def run(fn: Callable) -> Callable:
         synced = False
         keeper = Keeper.from_env()
         eng = ops.engine()
-        # resumed from disk only at a job's start: a worker that came into a running job (pushpull launch
-        # --restart-workers) takes the others' state as any newcomer does
-        resumed = keeper is None or (eng is not None and (eng.gen or eng.joined_late))
+        # read from disk once, at the process's start (a worker that came into a running job, under pushpull launch
+        # --restart-workers, takes the others' state as any newcomer does)
+        load = keeper is not None and not (eng is not None and eng.joined_late)
         while True:
             try:
-                if not synced:  # every worker from rank 0's state, committed: the same point to come back to
-                    root = 0
-                    if not resumed:  # a restart of every worker: from the newest commit a node kept
-                        root = _resume(state, keeper)
+                if not synced:  # every worker from the newest state, committed: the same point to come back to
+                    kept = keeper.load(state._fingerprint()) if load else None
+                    if kept is not None:
+                        kept["where"] = str(keeper.path)
+                    if ops.engine() is not None:
+                        root = _elect(state, kept)
+                    else:  # one process: its own node's commit, if any
+                        root = 0
+                        if kept is not None:
+                            state.take(kept)
+                            object.__setattr__(state, "_commits", int(kept["commits"]))
+                            log.warning("resuming from commit %d, kept on this node (%s)", state._commits, keeper.path)
                     state.sync(root) if root else state.sync()
-                    if keeper is not None and ops.engine() is not None:  # every rank counts commits alike
-                        got = functions.broadcast_object(state._commits, root_rank=root, name="elastic.commits")
-                        object.__setattr__(state, "_commits", int(got))
-                    object.__setattr__(state, "_keeper", keeper)  # (a change during the sync: the file stays)
-                    resumed = True
+                    object.__setattr__(state, "_keeper", keeper)  # (a change before this: the file stays as it was)
+                    load = False
                     state.commit()
                     synced = True
-                out = fn(state, *args, **kwargs)
-                if keeper is not None:
-                    keeper.remove()
-                return out
+                return fn(state, *args, **kwargs)
             except WorkersChanged as e:
                 object.__setattr__(state, "resets", state.resets + 1)
                 log.warning("workers changed (%s); restoring the last commit and going on as rank %d of %d",
