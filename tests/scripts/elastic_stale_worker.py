@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+from elastic_common import elastic_linear, parameters_differ, step as one_step
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
@@ -23,14 +24,7 @@ bps.init()
 late = bps.engine().joined_late
 first_rank = bps.engine().first_rank
 print(f"START first rank {first_rank} rank {bps.rank()} size {bps.size()} late {late}", flush=True)
-torch.manual_seed(first_rank)
-model = torch.nn.Linear(8, 1)
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                               named_parameters=model.named_parameters())
-state = bps.elastic.TorchState(model, opt, epoch=0, sizes=[])
-g = torch.Generator().manual_seed(0)
-x_all, w_true = torch.randn(600, 8, generator=g), torch.randn(8, 1, generator=g)
-y_all = x_all @ w_true
+model, opt, state, x_all, y_all = elastic_linear(first_rank)
 done = {"server": False, "stale_sums": 0}
 
 
@@ -72,18 +66,15 @@ def train(state):
                         sys.exit(3)
                     done["stale_sums"] += 1
             b = idx[step * 20:(step + 1) * 20]
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
-            opt.step()
+            one_step(model, opt, x_all[b], y_all[b])
         state.epoch += 1
         state.commit()
 
 
 train(state)
-flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-total = bps.push_pull(flat.clone(), average=False, name="stale.check")
-if not torch.allclose(total, flat * bps.size(), atol=1e-6):
-    print(f"FAIL: parameters differ: {total - flat * bps.size()}", flush=True)
+diff = parameters_differ(model, "stale.check")
+if diff is not None:
+    print(f"FAIL: parameters differ: {diff}", flush=True)
     sys.exit(3)
 print(f"STALE rank {first_rank}->{bps.rank()} size {bps.size()} sizes {state.sizes} stale sums {done['stale_sums']} "
       f"late {late}", flush=True)

@@ -7,6 +7,7 @@ import sys
 import time
 
 import torch
+from elastic_common import elastic_linear, parameters_differ, step as one_step
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
@@ -25,14 +26,7 @@ for name, t in checks.items():
         bps.push_pull(t, average=False, name=name)
 if not late:
     bps.barrier()  # a barrier before the change: a late worker must count its barriers on from here
-torch.manual_seed(first_rank)
-model = torch.nn.Linear(8, 1)
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                               named_parameters=model.named_parameters())
-state = bps.elastic.TorchState(model, opt, epoch=0, sizes=[])
-g = torch.Generator().manual_seed(0)
-x_all, w_true = torch.randn(600, 8, generator=g), torch.randn(8, 1, generator=g)
-y_all = x_all @ w_true
+model, opt, state, x_all, y_all = elastic_linear(first_rank)
 
 
 @bps.elastic.run
@@ -50,19 +44,16 @@ def train(state):
                 kill_a_server(bps.config().root_port)
                 time.sleep(1.0)  # the change reaches the job mid-epoch (these epochs take milliseconds)
             b = idx[step * 20:(step + 1) * 20]
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
-            opt.step()
+            one_step(model, opt, x_all[b], y_all[b])
         state.epoch += 1
         state.commit()
 
 
 train(state)
 bps.barrier()  # every worker, the late one included: the same barrier number on all
-flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-total = bps.push_pull(flat.clone(), average=False, name="elastic.check")
-if not torch.allclose(total, flat * bps.size(), atol=1e-6):
-    print(f"FAIL: parameters differ across the survivors: {total - flat * bps.size()}", flush=True)
+diff = parameters_differ(model, "elastic.check")
+if diff is not None:
+    print(f"FAIL: parameters differ across the survivors: {diff}", flush=True)
     sys.exit(3)
 firsts = bps.push_pull(torch.tensor([float(first_rank)]), average=False, name=f"elastic.firsts{bps.size()}").item()
 for i, (name, t) in enumerate(checks.items()):  # each survivor pushes first_rank + i

@@ -8,6 +8,7 @@ import sys
 import time
 
 import torch
+from elastic_common import elastic_linear, parameters_differ, step as one_step
 
 import pushpull.torch as bps
 
@@ -16,13 +17,7 @@ EPOCHS = int(os.environ.get("ELASTIC_EPOCHS", "60"))
 bps.init()
 restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
 print(f"START node {NODE} pid {os.getpid()} restart {restart} rank {bps.rank()} size {bps.size()}", flush=True)
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 1)
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters())
-state = bps.elastic.TorchState(model, opt, epoch=0, sizes=[])
-g = torch.Generator().manual_seed(0)
-x_all, w_true = torch.randn(600, 8, generator=g), torch.randn(8, 1, generator=g)
-y_all = x_all @ w_true
+model, opt, state, x_all, y_all = elastic_linear(0)
 
 
 @bps.elastic.run
@@ -45,19 +40,16 @@ def train(state):
                 os.kill(os.getppid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
             b = idx[step * 20:(step + 1) * 20]
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x_all[b]), y_all[b]).backward()
-            opt.step()
+            one_step(model, opt, x_all[b], y_all[b])
         state.sizes = state.sizes + [size]
         state.epoch += 1
         state.commit()
 
 
 train(state)
-flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-total = bps.push_pull(flat.clone(), average=False, name="torchrun.elastic.check")
-if not torch.allclose(total, flat * bps.size(), atol=1e-6):
-    print(f"FAIL: parameters differ across the nodes: {total - flat * bps.size()}", flush=True)
+diff = parameters_differ(model, "torchrun.elastic.check")
+if diff is not None:
+    print(f"FAIL: parameters differ across the nodes: {diff}", flush=True)
     sys.exit(3)
 print(f"FINAL node {NODE} rank {bps.rank()} size {bps.size()} epoch {state.epoch} sizes {state.sizes}", flush=True)
 bps.shutdown()

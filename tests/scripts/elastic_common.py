@@ -1,0 +1,31 @@
+"""What the elastic test scripts share (elastic_worker.py, elastic_stale_worker.py, torchrun_elastic_worker.py):
+a linear model under DistributedOptimizer with its elastic state, its regression data, one step on a batch, and
+the end's check that every rank holds the same parameters."""
+import torch
+
+import pushpull.torch as bps
+
+
+def elastic_linear(seed: int):
+    """(model, optimizer, TorchState with epoch and sizes, x, y): 600 samples of y = x @ w, the same on every rank."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 1)
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    state = bps.elastic.TorchState(model, opt, epoch=0, sizes=[])
+    g = torch.Generator().manual_seed(0)
+    x_all, w_true = torch.randn(600, 8, generator=g), torch.randn(8, 1, generator=g)
+    return model, opt, state, x_all, x_all @ w_true
+
+
+def step(model, opt, x, y) -> None:
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def parameters_differ(model, name: str) -> torch.Tensor | None:
+    """The difference between this rank's parameters and the others' (summed over the ranks), None when equal."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    total = bps.push_pull(flat.clone(), average=False, name=name)
+    return None if torch.allclose(total, flat * bps.size(), atol=1e-6) else total - flat * bps.size()
