@@ -391,8 +391,8 @@ SETTINGS: tuple[Setting, ...] = (
       "written by the node's local rank 0), so that a restart of every worker resumes from the last commit: "
       "torchrun --nnodes MIN:MAX restarts every worker when a node leaves or joins. After such a restart the ranks "
       "agree on the newest commit any node kept and every rank takes it from that node. Default: under torchrun "
-      "with --max-restarts > 0 and an --rdzv-id (not 'none'), a private folder of this user's in the temp folder, one per run "
-      "id, whose commits only the torchrun agent that wrote them resumes; otherwise off. "
+      "with --max-restarts > 0 and an --rdzv-id (not 'none'), a private folder of this user's in the temp "
+      "folder, one per run id, whose commits only the torchrun agent that wrote them resumes; otherwise off. "
       "Values must load with torch.load(weights_only=True): tensors, numbers, strings, containers (docs/elastic.md)."),
     S("scheduler_recovery", [], 0.0, _float_nonneg, "seconds >= 0 (0 = off)",
       "A lost scheduler: nodes keep training and wait this long for a new one at the same address, then "

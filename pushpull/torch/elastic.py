@@ -79,22 +79,23 @@ class State:
         self._callbacks.extend(callbacks)
 
     def commit(self) -> None:
-        self.__dict__["_saved"] = copy.deepcopy(self._values)
-        self._kept()
-
-    def _kept(self) -> None:
-        """Count the commit, and keep it on this node's disk where run() was told to."""
+        self._save()
         self.__dict__["_commits"] += 1
         if self._keeper is not None:
             self._keeper.save(self._commits, self._fingerprint(), self._payload())
+
+    def _save(self) -> None:
+        """Keep a copy of the state in memory (restore() goes back to it)."""
+        self.__dict__["_saved"] = copy.deepcopy(self._values)
 
     def _payload(self) -> dict:
         """The last commit, as it goes to disk."""
         return {"values": self._saved}
 
     def _fingerprint(self) -> str:
-        """What a commit on disk must match to be this job's: the names of the values (and, for a TorchState,
-        the model's tensors and their shapes), so that another job's file is never taken for it."""
+        """What a commit on disk must match to be this job's: the names of the values the state was made with
+        (and, for a TorchState, the model's tensors and shapes and the optimizer's), so that another job's file is
+        never taken for it."""
         return "values:" + ",".join(self._names)
 
     def take(self, payload: dict) -> None:
@@ -137,10 +138,9 @@ class TorchState(State):
         if self.optimizer is not None:
             self.__dict__["_opt_saved"] = copy.deepcopy(self.optimizer.state_dict())
 
-    def commit(self) -> None:
-        self.__dict__["_saved"] = copy.deepcopy(self._values)
+    def _save(self) -> None:
+        super()._save()
         self._save_torch()
-        self._kept()
 
     def _payload(self) -> dict:
         return {"values": self._saved, "model": self._model_saved, "optimizer": self._opt_saved}

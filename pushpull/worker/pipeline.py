@@ -424,9 +424,9 @@ class Pipeline:
 
     def restart(self, reason: str, moved: dict[int, int], keep_shared: bool = False) -> None:
         """The workers changed (elastic): every op fails with WorkersChanged, the partitions of a lost server
-        move (and are declared again by their next op), and every tensor's rounds start again from 1. Shared-memory regions
-        are dropped (their slots were the ranks' of before) unless ``keep_shared``: the end of a join(), which
-        keeps every rank, as the servers then do."""
+        move (and are declared again by their next op), and every tensor's rounds start again from 1.
+        Shared-memory regions are dropped (their slots were the ranks' of before) unless ``keep_shared``: the end
+        of a join(), which keeps every rank, as the servers then do."""
         kv = self.kv
         self.changed_reason = reason
         for op in list(kv.inflight.values()):
