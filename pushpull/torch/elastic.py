@@ -267,21 +267,22 @@ def _agent() -> str | None:
         return None
 
 
-def _elect(state: State, kept: dict | None) -> int:
+def _elect(state: State, kept: dict | None, where: Path | None) -> int:
     """The rank every rank syncs from: the lowest one holding the newest commit, counting each rank's in memory
-    and, after a restart of every worker, the one its node kept on disk (``kept``), which that rank then takes.
-    Every rank takes part in every sync, so all make the same calls whatever each holds (a newcomer holds none:
-    the others' count wins, and rank 0 is theirs)."""
+    and, after a restart of every worker, the one its node kept on disk (``kept``, from ``where``), which that
+    rank then takes. Every rank takes part in every sync, so all make the same calls whatever each holds (a
+    newcomer holds none: the others' count wins, and rank 0 is theirs). One process alone counts its own."""
     on_disk = int(kept["commits"]) if kept is not None else 0
     n, rank = ops.size(), ops.rank()
     counts = torch.zeros(n, dtype=torch.int64)
     counts[rank] = max(state._commits, on_disk)
-    counts = ops.push_pull(counts, average=False, name=f"elastic.commits.n{n}")
+    if ops.engine() is not None:
+        counts = ops.push_pull(counts, average=False, name=f"elastic.commits.n{n}")
     best = int(counts.max())
     root = int((counts == best).nonzero()[0]) if best else 0
     if rank == root and kept is not None and on_disk == best and on_disk > state._commits:
         state.take(kept)
-        log.warning("resuming from commit %d, kept on this node (%s); %d worker(s) now", best, kept.get("where"), n)
+        log.warning("resuming from commit %d, kept on this node (%s); %d worker(s) now", best, where, n)
     elif root != 0 and rank != root:
         log.warning("resuming from commit %d, which rank %d's node kept; %d worker(s) now", best, root, n)
     object.__setattr__(state, "_commits", best)
@@ -290,8 +291,10 @@ def _elect(state: State, kept: dict | None) -> int:
 
 def run(fn: Callable) -> Callable:
     """Call ``fn(state, ...)``; each time the workers change under it (:class:`WorkersChanged`), restore
-    ``state``'s last commit, run its reset callbacks, sync it from the new rank 0 and call ``fn`` again.
-    The state is synced once before the first call, so every worker starts from rank 0's."""
+    ``state``'s last commit, run its reset callbacks, sync it from the rank holding the newest commit (rank 0,
+    unless a change cut some ranks off just before one) and call ``fn`` again. The state is synced once before
+    the first call, so every worker starts from the same state (after a restart of every worker, the newest
+    commit a node kept on disk)."""
 
     @functools.wraps(fn)
     def wrapper(state: State, *args, **kwargs):
@@ -305,16 +308,7 @@ def run(fn: Callable) -> Callable:
             try:
                 if not synced:  # every worker from the newest state, committed: the same point to come back to
                     kept = keeper.load(state._fingerprint()) if load else None
-                    if kept is not None:
-                        kept["where"] = str(keeper.path)
-                    if ops.engine() is not None:
-                        root = _elect(state, kept)
-                    else:  # one process: its own node's commit, if any
-                        root = 0
-                        if kept is not None:
-                            state.take(kept)
-                            object.__setattr__(state, "_commits", int(kept["commits"]))
-                            log.warning("resuming from commit %d, kept on this node (%s)", state._commits, keeper.path)
+                    root = _elect(state, kept, keeper.path if keeper is not None else None)
                     state.sync(root) if root else state.sync()
                     object.__setattr__(state, "_keeper", keeper)  # (a change before this: the file stays as it was)
                     load = False

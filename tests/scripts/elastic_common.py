@@ -1,6 +1,8 @@
 """What the elastic test scripts share (elastic_worker.py, elastic_stale_worker.py, torchrun_elastic_worker.py):
 a linear model under DistributedOptimizer with its elastic state, its regression data, one step on a batch, and
 the end's check that every rank holds the same parameters."""
+import sys
+
 import torch
 
 import pushpull.torch as bps
@@ -24,8 +26,10 @@ def step(model, opt, x, y) -> None:
     opt.step()
 
 
-def parameters_differ(model, name: str) -> torch.Tensor | None:
-    """The difference between this rank's parameters and the others' (summed over the ranks), None when equal."""
+def exit_unless_parameters_agree(model, name: str, among: str) -> None:
+    """Exit 3, printing the difference, unless every rank holds the same parameters (summed over the ranks)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     total = bps.push_pull(flat.clone(), average=False, name=name)
-    return None if torch.allclose(total, flat * bps.size(), atol=1e-6) else total - flat * bps.size()
+    if not torch.allclose(total, flat * bps.size(), atol=1e-6):
+        print(f"FAIL: parameters differ across {among}: {total - flat * bps.size()}", flush=True)
+        sys.exit(3)

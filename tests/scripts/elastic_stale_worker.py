@@ -14,7 +14,7 @@ import sys
 import time
 
 import torch
-from elastic_common import elastic_linear, parameters_differ, step as one_step
+from elastic_common import elastic_linear, exit_unless_parameters_agree, step as one_step
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
@@ -72,10 +72,7 @@ def train(state):
 
 
 train(state)
-diff = parameters_differ(model, "stale.check")
-if diff is not None:
-    print(f"FAIL: parameters differ: {diff}", flush=True)
-    sys.exit(3)
+exit_unless_parameters_agree(model, "stale.check", "the workers")
 print(f"STALE rank {first_rank}->{bps.rank()} size {bps.size()} sizes {state.sizes} stale sums {done['stale_sums']} "
       f"late {late}", flush=True)
 bps.shutdown()

@@ -7,7 +7,7 @@ import sys
 import time
 
 import torch
-from elastic_common import elastic_linear, parameters_differ, step as one_step
+from elastic_common import elastic_linear, exit_unless_parameters_agree, step as one_step
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
@@ -51,10 +51,7 @@ def train(state):
 
 train(state)
 bps.barrier()  # every worker, the late one included: the same barrier number on all
-diff = parameters_differ(model, "elastic.check")
-if diff is not None:
-    print(f"FAIL: parameters differ across the survivors: {diff}", flush=True)
-    sys.exit(3)
+exit_unless_parameters_agree(model, "elastic.check", "the survivors")
 firsts = bps.push_pull(torch.tensor([float(first_rank)]), average=False, name=f"elastic.firsts{bps.size()}").item()
 for i, (name, t) in enumerate(checks.items()):  # each survivor pushes first_rank + i
     got = bps.push_pull(t, average=False, name=name)

@@ -4,11 +4,10 @@ and itself in epoch 3; torchrun restarts node A's worker alone, which resumes fr
 A's newest commit. Every epoch records the job's size in the state, so the final state tells the whole story."""
 import os
 import signal
-import sys
 import time
 
 import torch
-from elastic_common import elastic_linear, parameters_differ, step as one_step
+from elastic_common import elastic_linear, exit_unless_parameters_agree, step as one_step
 
 import pushpull.torch as bps
 
@@ -47,9 +46,6 @@ def train(state):
 
 
 train(state)
-diff = parameters_differ(model, "torchrun.elastic.check")
-if diff is not None:
-    print(f"FAIL: parameters differ across the nodes: {diff}", flush=True)
-    sys.exit(3)
+exit_unless_parameters_agree(model, "torchrun.elastic.check", "the nodes")
 print(f"FINAL node {NODE} rank {bps.rank()} size {bps.size()} epoch {state.epoch} sizes {state.sizes}", flush=True)
 bps.shutdown()
