@@ -174,8 +174,12 @@ class Server:
         if msg.header.type != MsgType.RESET:
             return
         d = decode_json(msg.body())
-        self.sparse.fail_all("the workers changed (elastic training)")
+        if "joined_last" in d:  # the end of a join(): the tables failed when the first rank joined
+            self.sparse.fail_all("a rank joined (join())")
+        else:  # elastic: the workers declare every table again and load it from their copies
+            self.sparse.drop_all()
         same = self.members.reset(d)  # the end of a join() keeps every rank where it was: shared regions stay
+        self.sparse.num_workers = self.members.num_workers
         for ks in self.keys.values():
             if ks.shm is not None and not same:
                 self.declarations.stop_sharing(ks)

@@ -18,6 +18,12 @@ against ``PUSHPULL_SPARSE_MAX_TABLE_BYTES`` (all tables of this server together)
 checked against the table and this server's range, a pull's answer must fit in one message, at most
 two rounds ahead are buffered, and at most MAX_WAITING pulls per worker wait for one round.
 Everything runs on the server's I/O thread: a step's rows are a few MB, and one thread needs no locks.
+
+In an elastic job the workers keep a copy of the table as of their last commit (pushpull.torch.SparseEmbedding):
+each row remembers the round that last changed it, so a commit asks only for the rows changed since the
+previous one (SPARSE_PULL with Flags.CHANGED). A change of the workers or of the servers drops every table
+here (:meth:`SparseStore.drop_all`); the workers declare it again in the new layout and load it from their
+copies, so a lost server's rows come back from the workers, and no round is lost or applied twice.
 """
 from __future__ import annotations
 
@@ -61,10 +67,12 @@ class SparseTable:
     pending: dict = field(default_factory=dict)   # round -> {rank: (ids, grads, lr)}
     waiting: dict = field(default_factory=dict)   # round -> [(identity, rank, req_id, ids)]
     error: str | None = None  # a round that could not be applied: every later request gets this
+    touched: np.ndarray = field(init=False)  # per row, the round that last changed it (0: none since the load)
     stats: dict = field(default_factory=lambda: {"rows_pushed": 0, "rows_pulled": 0, "rounds": 0})
 
     def __post_init__(self) -> None:
         self.weight = np.zeros((self.hi - self.lo, self.dim), dtype=np.float32)
+        self.touched = np.zeros(self.hi - self.lo, dtype=np.int64)
         if self.optimizer["name"] == "adagrad":
             self.accum = np.full((self.hi - self.lo, self.dim), self.optimizer["initial_accumulator_value"],
                                  dtype=np.float32)
@@ -97,9 +105,17 @@ class SparseTable:
         return np.frombuffer(buf, dtype="<f4").reshape(numel, self.dim)
 
     # ---------------------------------------------------------------- rounds --
-    def set_rows(self, ids: np.ndarray, vals: np.ndarray) -> None:
-        """Write rows (loading the table from a worker's copy)."""
+    def set_rows(self, ids: np.ndarray, vals: np.ndarray, accum: np.ndarray | None = None) -> None:
+        """Write rows (loading the table from a worker's copy), and their Adagrad accumulators if given."""
         self.weight[ids - self.lo] = vals
+        if accum is not None and self.accum is not None:
+            self.accum[ids - self.lo] = accum
+
+    def changed(self, lo: int, hi: int, since: int) -> np.ndarray:
+        """Ids of the rows in [lo, hi) that a round after ``since`` changed (``since`` < 0: every row)."""
+        if since < 0:
+            return np.arange(lo, hi, dtype=np.int64)
+        return np.flatnonzero(self.touched[lo - self.lo:hi - self.lo] > since).astype(np.int64) + lo
 
     def push(self, rnd: int, rank: int, ids: np.ndarray, grads: np.ndarray, lr: float) -> list[int]:
         """Add rank ``rank``'s gradients of round ``rnd``; returns the rounds applied by it (in order)."""
@@ -143,6 +159,7 @@ class SparseTable:
             acc = self.accum[rows] + g * g
             self.accum[rows] = acc
             self.weight[rows] -= lr * g / (np.sqrt(acc) + np.float32(self.optimizer["eps"]))
+        self.touched[rows] = self.applied + 1
         self.stats["rounds"] += 1
 
     def pull_ready(self, rnd: int, rank: int) -> bool:
@@ -183,6 +200,8 @@ class SparseStore:
                 raise SparseError(t.error)
             if h.type == MsgType.SPARSE_PUSH:
                 self._push(identity, msg, t)
+            elif h.type == MsgType.SPARSE_PULL and h.flags & Flags.CHANGED:
+                self._pull_changed(identity, msg, t)
             elif h.type == MsgType.SPARSE_PULL:
                 what = f"pull of round {h.round}"
                 if 4 * h.numel * t.dim > self.cfg.max_message_bytes:  # the answer, not only the ids, is bounded
@@ -253,6 +272,33 @@ class SparseStore:
         for ident, req_id, _ in pend["by"].values():
             self.reply(ident, Header(MsgType.SPARSE_ACK, key=h.key, req_id=req_id))
 
+    def _pull_changed(self, identity: bytes, msg: Msg, t: SparseTable) -> None:
+        """A worker's copy asks for the rows of [lo, hi) changed after round ``extra - 1`` (``extra`` 0: every
+        row), as they are once round ``h.round`` is applied."""
+        h = msg.header
+        buf = msg.body_view()
+        if len(buf) != 16:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows has {len(buf)} bytes, "
+                              f"expected 16 (the range)")
+        lo, hi = (int(x) for x in np.frombuffer(buf, dtype="<i8"))
+        if not t.lo <= lo <= hi <= t.hi:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the changed rows of [{lo}, {hi}), "
+                              f"this server holds [{t.lo}, {t.hi})")
+        per_row = 8 + 4 * t.dim * (2 if t.accum is not None else 1)
+        if (hi - lo) * per_row > self.cfg.max_message_bytes:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows [{lo}, {hi}) could "
+                              f"need {(hi - lo) * per_row} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
+                              f"{self.cfg.max_message_bytes}")
+        spec = ("changed", lo, hi, int(h.extra) - 1)
+        if t.pull_ready(h.round, h.sender):
+            self._answer(identity, h.req_id, h.round, t, spec)
+        else:
+            waits = t.waiting.setdefault(h.round, [])
+            if len(waits) >= MAX_WAITING * self.num_workers:
+                raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows: {len(waits)} "
+                                  f"pulls of round {h.round} wait already ({MAX_WAITING} per worker at most)")
+            waits.append((identity, h.sender, h.req_id, spec))
+
     def owns(self, key: int) -> bool:
         return key in self.tables or key in self.pending
 
@@ -281,6 +327,14 @@ class SparseStore:
                     self.error(ident, t.key, t.error, req_id)
             t.waiting.clear()
 
+    def drop_all(self) -> None:
+        """The workers or the servers changed in an elastic job: every table goes (its rounds need the workers it
+        was declared with, and its rows may belong elsewhere now). The workers declare it again in the new layout
+        and load it from the copies they kept at their last commit; requests still in flight carry the old
+        generation and are not answered (their senders learn of the change from the scheduler)."""
+        self.tables.clear()
+        self.pending.clear()
+
     def check_inits(self, timeout: float) -> None:
         """Declarations that some rank never sent: fail them, naming the ranks (called every second)."""
         now = time.monotonic()
@@ -295,14 +349,19 @@ class SparseStore:
 
     def _push(self, identity: bytes, msg: Msg, t: SparseTable) -> None:
         h = msg.header
-        if len(msg.frames) != 2:
+        loading = bool(h.flags & Flags.SET)
+        frames = (2, 3) if loading and t.accum is not None else (2,)  # a load may carry Adagrad's accumulators
+        if len(msg.frames) not in frames:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s push has {len(msg.frames)} frames, "
-                              f"expected 2 (row ids, rows)")
-        what = "load" if h.flags & Flags.SET else f"push of round {h.round}"
+                              f"expected {' or '.join(map(str, frames))} (row ids, rows"
+                              f"{', accumulators' if len(frames) > 1 else ''})")
+        what = "load" if loading else f"push of round {h.round}"
         ids = t.ids(_view(msg.frames[0]), h.numel, h.sender, what)
         vals = t.values(_view(msg.frames[1]), h.numel, h.dtype, h.sender, what)
-        if h.flags & Flags.SET:
-            t.set_rows(ids, vals)
+        if loading:
+            accum = t.values(_view(msg.frames[2]), h.numel, h.dtype, h.sender, "load's accumulators") \
+                if len(msg.frames) == 3 else None
+            t.set_rows(ids, vals, accum)
             self.reply(identity, Header(MsgType.SPARSE_ACK, key=h.key, round=h.round, req_id=h.req_id))
             return
         try:
@@ -320,7 +379,17 @@ class SparseStore:
             for ident, _, req_id, ids in t.waiting.pop(rnd, ()):
                 self._answer(ident, req_id, rnd, t, ids)
 
-    def _answer(self, identity: bytes, req_id: int, rnd: int, t: SparseTable, ids: np.ndarray) -> None:
+    def _answer(self, identity: bytes, req_id: int, rnd: int, t: SparseTable, ids) -> None:
+        """The rows ``ids`` after round ``rnd``; or, for a ("changed", lo, hi, since) pull, the ids of the rows
+        changed since, their values and (Adagrad) their accumulators."""
+        if isinstance(ids, tuple):
+            _, lo, hi, since = ids
+            got = t.changed(lo, hi, since)
+            rows = t.read(got)
+            frames = [got, rows] + ([t.accum[got - t.lo]] if t.accum is not None else [])
+            self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,
+                                        numel=len(got), nbytes=rows.nbytes, flags=Flags.CHANGED), frames)
+            return
         rows = t.read(ids)
         self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,
                                     numel=len(ids), nbytes=rows.nbytes), [rows])

@@ -121,7 +121,9 @@ class State:
 
 class TorchState(State):
     """A model's parameters and buffers and an optimizer's state, besides named values. The optimizer's
-    step in progress is dropped on a reset (``DistributedOptimizer.reset``)."""
+    step in progress is dropped on a reset (``DistributedOptimizer.reset``). The model's
+    :class:`pushpull.torch.SparseEmbedding` tables are committed and restored with it: their rows live on the
+    servers, and the workers keep a copy as of the last commit (docs/sparse.md)."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **values):
@@ -138,7 +140,19 @@ class TorchState(State):
         if self.optimizer is not None:
             self.__dict__["_opt_saved"] = copy.deepcopy(self.optimizer.state_dict())
 
+    def _sparse(self) -> list:
+        from pushpull.torch.sparse import SparseEmbedding
+
+        return [m for m in self.model.modules() if isinstance(m, SparseEmbedding)] if self.model is not None else []
+
     def _save(self) -> None:
+        tables = [m for m in self._sparse() if m.elastic]
+        if tables:  # each worker fetches its shards' changed rows; every copy takes them once all have
+            for m in tables:
+                m.commit(self._commits + 1)
+            ops.push_pull(torch.zeros(1), average=False, name="elastic.sparse.committed")
+            for m in tables:
+                m.committed()
         super()._save()
         self._save_torch()
 
@@ -176,6 +190,8 @@ class TorchState(State):
             functions.broadcast_parameters(self.model.state_dict(), root_rank=root_rank, prefix="elastic.model.")
         if self.optimizer is not None:
             functions.broadcast_optimizer_state(self.optimizer, root_rank=root_rank, prefix="elastic.opt.")
+        for m in self._sparse():  # after a change: the tables as of the commit the job goes back to
+            m.resume(self._commits)
 
 
 class Keeper:

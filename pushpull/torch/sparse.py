@@ -16,6 +16,14 @@ Use::
 
 Every worker must call ``step()`` once per step (possibly with no lookup since the last: it pushes
 nothing but still completes the round). The learning rate is ``emb.lr`` (change it for a schedule).
+
+Elastic jobs (PUSHPULL_MIN_WORKERS): the workers keep the table as of their last commit, cut into
+``size()`` shards of rows, each shard on two workers (rank r holds shards r and r + 1), and a commit
+(``elastic.TorchState.commit`` with the module in the state's model) fetches only the rows changed since
+the previous one. A change of the workers or of the servers drops the table on the servers; ``elastic.run``
+then declares it again over the servers alive and loads every shard from a worker holding it at the
+commit the job goes back to, so the table, like the model, is the last commit's: nothing lost with a
+server, no round applied twice. Losing both holders of a shard at once is an error naming the rows.
 """
 from __future__ import annotations
 
@@ -24,7 +32,26 @@ import torch
 import torch.nn.functional as F
 
 from pushpull.torch import ops
-from pushpull.worker.sparse import SparseClient
+from pushpull.worker.handle import PushPullError
+from pushpull.worker.sparse import SparseClient, row_bounds
+
+
+class _Copy:
+    """This worker's copy of some rows of the table as of a commit: ranges [lo, hi) with their values (and
+    Adagrad accumulators), the commit, and the server round the copy was taken at (a commit then asks for the
+    rows changed since)."""
+
+    def __init__(self, commit: int, since: int, ranges: list):
+        self.commit, self.since = commit, since
+        self.ranges = ranges  # [(lo, hi, rows (hi - lo, dim), accum or None)]
+
+    def merge(self, delta: "_Copy") -> None:
+        """Take the changed rows ``delta`` holds (same ranges, each (lo, hi, ids, rows, accum))."""
+        for (lo, _, rows, acc), (_, _, ids, new, new_acc) in zip(self.ranges, delta.ranges):
+            rows[ids - lo] = new
+            if acc is not None:
+                acc[ids - lo] = new_acc
+        self.commit, self.since = delta.commit, delta.since
 
 
 class SparseEmbedding(torch.nn.Module):
@@ -50,20 +77,31 @@ class SparseEmbedding(torch.nn.Module):
         spec = {"name": optimizer}
         if optimizer == "adagrad":
             spec.update(eps=float(eps), initial_accumulator_value=float(initial_accumulator_value))
+        if weight is not None and tuple(weight.shape) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"SparseEmbedding {self.name!r}: weight is {list(weight.shape)}, expected "
+                             f"[{self.num_embeddings}, {self.embedding_dim}]")
         self.client = SparseClient(eng, self.name, self.num_embeddings, self.embedding_dim, spec)
         self._lookups: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if weight is not None:
-            if tuple(weight.shape) != (self.num_embeddings, self.embedding_dim):
-                raise ValueError(f"SparseEmbedding {self.name!r}: weight is {list(weight.shape)}, expected "
-                                 f"[{self.num_embeddings}, {self.embedding_dim}]")
-            if ops.rank() == 0:
-                w = weight.detach().to("cpu", torch.float32).contiguous().numpy()
-                self.client.load(np.arange(self.num_embeddings, dtype=np.int64), w)
+        # elastic jobs: this worker's copy of its shards at the last commit, and the rows a commit in progress
+        # fetched (kept apart until every worker has fetched them: see commit())
+        self.elastic = bool(eng.cfg.min_workers)
+        self._copy: _Copy | None = None
+        self._delta: _Copy | None = None
+        self.resumes = 0  # times the table was loaded again after a change of the job
+        if eng.joined_late:  # a worker that came into the running job: elastic.run's sync loads the table
+            return
+        self.client.declare()
+        if weight is not None and ops.rank() == 0:
+            w = weight.detach().to("cpu", torch.float32).contiguous().numpy()
+            self.client.load(np.arange(self.num_embeddings, dtype=np.int64), w)
         ops.barrier()  # every worker's first lookup reads the loaded table
+        if self.elastic:
+            self._cut(0)
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         if indices.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"SparseEmbedding {self.name!r}: indices must be int64 or int32, got {indices.dtype}")
+        self.client.check_generation()
         device = indices.device
         uniq, inverse = torch.unique(indices.detach().to("cpu", torch.int64).reshape(-1), return_inverse=True)
         rows = torch.from_numpy(self.client.pull(uniq.numpy())).to(device)
@@ -75,6 +113,7 @@ class SparseEmbedding(torch.nn.Module):
     @torch.no_grad()
     def step(self) -> None:
         """Push the gradients of the rows looked up since the last step (one round on every server)."""
+        self.client.check_generation()
         ids, grads = [], []
         for uniq, rows in self._lookups:
             if rows.grad is not None:
@@ -101,5 +140,98 @@ class SparseEmbedding(torch.nn.Module):
         self.client.flush()  # a refused push is raised here, not hidden behind the read
         return torch.from_numpy(self.client.pull(np.arange(self.num_embeddings, dtype=np.int64)))
 
+    # ------------------------------------------------------------ elastic --
+    def _shards(self) -> list[tuple[int, int]]:
+        """The row ranges this worker keeps: shards rank and rank + 1 of ``size()`` (one shard alone: itself)."""
+        n, r = ops.size(), ops.rank()
+        bounds = row_bounds(self.num_embeddings, n)
+        return [(bounds[s], bounds[s + 1]) for s in sorted({r, (r + 1) % n})]
+
+    def _cut(self, commit: int) -> None:
+        """Take this worker's shards whole from the servers (at the start, and after a change re-shards them)."""
+        ranges = []
+        for lo, hi in self._shards():
+            ids, rows, acc = self.client.changed(lo, hi, -1)
+            ranges.append((lo, hi, rows.copy(), acc.copy() if acc is not None else None))
+        self._copy, self._delta = _Copy(commit, self.client.round, ranges), None
+
+    def commit(self, commit: int) -> None:
+        """Fetch the rows of this worker's shards changed since its copy was taken (``commit``: the number the
+        elastic state's commit will have). The copy takes them in :meth:`committed`, once every worker has fetched
+        its own: a change in between leaves every copy able to serve the commit the job goes back to."""
+        if not self.elastic:
+            return
+        self.client.check_generation()
+        self.client.flush()
+        ranges = [(lo, hi, *self.client.changed(lo, hi, self._copy.since)) for lo, hi, _, _ in self._copy.ranges]
+        self._delta = _Copy(commit, self.client.round, ranges)
+
+    def committed(self) -> None:
+        if self._delta is not None:
+            self._copy.merge(self._delta)
+            self._delta = None
+
+    def _held(self, commit: int) -> list[tuple[int, int, np.ndarray, np.ndarray | None]]:
+        """The rows this worker can load as of ``commit`` (none if its copy is of another one)."""
+        if self._copy is None:
+            return []
+        if self._copy.commit == commit:
+            return self._copy.ranges
+        if self._delta is not None and self._delta.commit == commit:
+            self.committed()
+            return self._copy.ranges
+        return []
+
+    def resume(self, commit: int) -> None:
+        """After a change (collective, from ``elastic.TorchState.sync``): declare the table again over the
+        servers alive, load every row from the lowest rank holding it as of ``commit``, then cut the shards
+        anew for the new ``size()``. Does nothing where the job has not changed since the declaration."""
+        if not self.elastic or self.client.gen == ops.engine().gen:
+            return
+        from pushpull.torch.gather import allgather_object
+
+        held = self._held(commit)
+        offers = allgather_object([[lo, hi] for lo, hi, _, _ in held],
+                                  name=f"elastic.sparse.{self.name}.held.n{ops.size()}")
+        plan = _cover(self.num_embeddings, offers)
+        if isinstance(plan, str):
+            raise PushPullError(f"sparse table {self.name!r}: no worker holds rows {plan} as of commit {commit} "
+                                f"(the workers keeping them were lost at once); the table cannot be restored")
+        self.client.redeclare()
+        me = ops.rank()
+        for lo, hi, rank in plan:
+            if rank != me:
+                continue
+            for a, b, rows, acc in held:
+                x, y = max(lo, a), min(hi, b)
+                if x < y:
+                    self.client.load(np.arange(x, y, dtype=np.int64), rows[x - a:y - a],
+                                     acc[x - a:y - a] if acc is not None else None)
+        # every row is loaded before any worker takes its new shards
+        ops.push_pull(torch.zeros(1), average=False, name=f"elastic.sparse.{self.name}.loaded")
+        self._cut(commit)
+        self.resumes += 1
+
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, servers={self.client.servers}"
+
+
+def _cover(rows: int, offers: list) -> list[tuple[int, int, int]] | str:
+    """Who loads what: [(lo, hi, rank)] covering [0, rows) from the ranges each rank offers (the lowest rank
+    reaching furthest at each point), or the first range no rank holds, as text."""
+    plan, at = [], 0
+    while at < rows:
+        best = None
+        for rank, ranges in enumerate(offers):
+            for lo, hi in ranges:
+                if lo <= at < hi and (best is None or hi > best[1]):
+                    best = (rank, hi)
+        if best is None:
+            nxt = min([lo for ranges in offers for lo, _ in ranges if lo > at], default=rows)
+            return f"[{at}, {nxt})"
+        if plan and plan[-1][2] == best[0]:  # the same rank goes on: one range
+            plan[-1] = (plan[-1][0], best[1], best[0])
+        else:
+            plan.append((at, best[1], best[0]))
+        at = best[1]
+    return plan

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pushpull import dtypes as _dt
 
 MAGIC = 0x5050  # "PP"
-VERSION = 8  # 8: same-host payloads in shared memory (Flags.SHM, an INIT_ACK's region);
+VERSION = 9  # 9: a sparse table's changed rows (Flags.CHANGED; a load's Adagrad accumulators)
+#             8: same-host payloads in shared memory (Flags.SHM, an INIT_ACK's region);
 #             7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
 #             the address book's job_id; 6: sparse tables (SPARSE_* messages); 5: round signatures, concat
 #             offsets, ABORT, INIT op/readers
@@ -81,6 +82,8 @@ class Flags:
     SHM = 32            # the payload is in the key's shared-memory region (pushpull.transport.shm), not in the
     #                     body: a PUSH's in the sender's slot (it asks for its answer there too); a PULL_RESP's
     #                     in output ``extra``
+    CHANGED = 64        # a SPARSE_PULL of the rows of a range changed since a round (an elastic job's copy of the
+    #                     table); its SPARSE_ROWS answer carries their ids, values (and Adagrad accumulators)
 
 
 # dtype code <-> dtype name (and item size): the header numbering of pushpull.dtypes

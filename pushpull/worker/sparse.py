@@ -11,6 +11,11 @@ thread, authenticated like every connection): a lookup blocks anyway until its r
 push is sent without waiting; its acknowledgement (or the server's error) is read before the next
 pull on the same connection. Every wait is bounded by PUSHPULL_TIMEOUT and checks the cluster's
 liveness.
+
+In an elastic job the table is declared per generation of the job: a change of the workers or of the
+servers makes every call raise :class:`WorkersChanged`, the servers drop the table, and
+:meth:`SparseClient.redeclare` lays it out again over the servers alive (a lost server's range goes to the
+others), to be loaded from the workers' copies (pushpull.torch.SparseEmbedding).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from pushpull.transport.protocol import (
     Flags, Header, MsgType, ProtocolError, decode, decode_json, dtype_code, encode_json, f32_bits, unpack_batch,
 )
 from pushpull.worker.direct import LIVENESS_S, DirectPath
-from pushpull.worker.handle import PushPullError
+from pushpull.worker.handle import PushPullError, WorkersChanged
 
 FLOAT32 = dtype_code("float32")
 
@@ -50,31 +55,73 @@ class SparseClient:
                                 f"servers, PUSHPULL_BACKEND=ps)")
         self.engine = engine
         self.name, self.rows, self.dim = name, int(rows), int(dim)
+        self.optimizer = dict(optimizer)
         self.key = table_key(name)
-        self.servers = engine.num_servers
+        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "rows_pushed": 0, "rows_pulled": 0}
+        # messages per server hold at most this many rows (half the largest message a server accepts; a pull of
+        # changed rows answers ids, rows and Adagrad's accumulators)
+        self.chunk_rows = max(1, (engine.cfg.max_message_bytes // 2) // (8 + 8 * self.dim))
+        self.path = None
+        self.gen = -1  # the job's generation the table was declared in (-1: not declared)
+        self.noticed = -1  # the last generation a call was told of (WorkersChanged)
+
+    def declare(self) -> None:
+        """Declare the table to the servers alive (collective: a server creates it once every worker did), its
+        rows split among them; a new generation of the job calls it again (:meth:`redeclare`)."""
+        engine = self.engine
+        self.gen = engine.gen
+        lost = engine.servers_lost
+        self.owners = [j for j in range(engine.num_servers) if j not in lost]  # the servers holding a range
+        if not self.owners:
+            raise PushPullError(f"sparse table {self.name!r}: no server is alive")
+        self.servers = len(self.owners)
         self.bounds = row_bounds(self.rows, self.servers)
-        self.path = DirectPath(engine.van.ctx, engine.rank, dict(engine.direct.servers), auth=engine.van.auth)
+        self.path = DirectPath(engine.van.ctx, engine.first_rank, dict(engine.direct.servers), auth=engine.van.auth)
         engine.closers.append(self.path.close)
         self.error: str | None = None  # a server refused a request: every later call raises it
         self.round = 0  # rounds this worker pushed
-        self.unacked = [0] * self.servers  # pushes whose acknowledgement was not read yet, per server
-        self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "rows_pushed": 0, "rows_pulled": 0}
-        # messages per server hold at most this many rows (half the largest message a server accepts)
-        self.chunk_rows = max(1, (engine.cfg.max_message_bytes // 2) // (8 + 4 * self.dim))
-        body = {"name": name, "rows": self.rows, "dim": self.dim, "optimizer": optimizer}
+        self.unacked = [0] * self.servers  # pushes whose acknowledgement was not read yet, per range
+        body = {"name": self.name, "rows": self.rows, "dim": self.dim, "optimizer": self.optimizer}
         for j in range(self.servers):
             decl = encode_json({**body, "lo": self.bounds[j], "hi": self.bounds[j + 1]})
             self._send(j, Header(MsgType.SPARSE_INIT, key=self.key), [decl])
         for j in range(self.servers):
             self._recv(j, MsgType.SPARSE_ACK, None, "its declaration (SPARSE_INIT)")
 
+    def redeclare(self) -> None:
+        """The job changed: the servers dropped the table; declare it again over the servers alive now (new
+        sockets: answers to the old generation's requests never reach the new ones)."""
+        if self.path is not None:
+            self.path.close()
+            if self.path.close in self.engine.closers:
+                self.engine.closers.remove(self.path.close)
+        self.declare()
+
+    def check_generation(self) -> None:
+        """A change of the job since the declaration: the table is gone from the servers until it is declared
+        again and loaded (elastic.run does it, from the workers' copies)."""
+        gen = self.engine.gen
+        if gen == self.gen:
+            return
+        if self.noticed == gen:  # told once already, and nobody loaded it again: a retry would loop forever
+            raise PushPullError(f"sparse table {self.name!r} was not loaded again after the job changed (generation "
+                                f"{gen}): put its module in the model of the elastic.TorchState that "
+                                f"pushpull.torch.elastic.run restores, which loads it from the workers' copies")
+        self.noticed = gen
+        self.engine.changed_unseen = False  # this is the caller's notice of the change
+        raise WorkersChanged(f"sparse table {self.name!r}: {self.engine.changed_reason or 'the job changed'}; "
+                             f"the servers dropped it, and elastic.run loads it again from the workers' copies of "
+                             f"the last commit")
+
     # ------------------------------------------------------------------ wire --
     def _send(self, server: int, header: Header, frames: list) -> None:
+        """``server``: the index of a range (``self.owners[server]`` is the server holding it)."""
         if self.error is not None:
             raise PushPullError(self.error)
+        self.check_generation()
         header.sender = self.engine.rank
-        header.gen = self.engine.gen
-        s = self.path._socket(f"s{server}")
+        header.gen = self.gen
+        s = self.path._socket(f"s{self.owners[server]}")
         if frames:
             s.send(header.pack(), zmq.SNDMORE)
             for i, f in enumerate(frames):
@@ -85,18 +132,19 @@ class SparseClient:
     def _recv(self, server: int, want: MsgType, rnd: int | None, what: str):
         """Read answers from ``server`` until the ``want`` answer (of round ``rnd``) for this table; counts
         push acknowledgements on the way and raises the server's error for this table."""
-        s = self.path._socket(f"s{server}")
+        s = self.path._socket(f"s{self.owners[server]}")
         deadline = time.monotonic() + self.engine.cfg.timeout
         while True:
             if s.poll(int(LIVENESS_S * 1000)) == 0:
                 failure = self.engine.member.failure
                 if failure:
                     raise PushPullError(f"sparse table {self.name!r}: {failure}")
+                self.check_generation()
                 if time.monotonic() > deadline:
-                    ask = SimpleNamespace(sock=f"s{server}", key=self.key)
+                    ask = SimpleNamespace(sock=f"s{self.owners[server]}", key=self.key)
                     missing = self.engine.status.missing_ranks(None, [ask], rnd or 0)
                     raise PushPullError(
-                        f"sparse table {self.name!r}: server {server} did not answer {what} within "
+                        f"sparse table {self.name!r}: server {self.owners[server]} did not answer {what} within "
                         f"{self.engine.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT): {missing} (a round completes when "
                         f"every worker pushed it: does every worker call step() once per step?)")
                 continue
@@ -107,7 +155,7 @@ class SparseClient:
                 continue
             for m in msgs:
                 h = m.header
-                if h.key != self.key:
+                if h.key != self.key or h.gen != self.gen:
                     continue
                 if h.type == MsgType.ERROR:  # answers still in flight could be misread later: the table is done
                     self.error = str(decode_json(m.body()).get("error", "unknown server error"))
@@ -144,7 +192,7 @@ class SparseClient:
             m = self._recv(j, MsgType.SPARSE_ROWS, self.round, f"the pull of round {self.round}")
             buf = m.body_view()
             if len(buf) != 4 * (hi - lo) * self.dim:
-                raise PushPullError(f"sparse table {self.name!r}: server {j} answered {len(buf)} bytes for "
+                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered {len(buf)} bytes for "
                                     f"{hi - lo} rows of {self.dim} float32")
             out[lo:hi] = np.frombuffer(buf, dtype="<f4").reshape(hi - lo, self.dim)
             self.stats["bytes_pulled"] += len(buf)
@@ -158,14 +206,52 @@ class SparseClient:
         self._rows(ids, grads, Header(MsgType.SPARSE_PUSH, key=self.key, round=self.round, extra=f32_bits(lr)),
                    chunked=False)
 
-    def load(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Write rows (rank 0 loading the table's start); returns once every server stored them."""
-        self._rows(ids, values, Header(MsgType.SPARSE_PUSH, key=self.key, flags=Flags.SET), chunked=True)
+    def load(self, ids: np.ndarray, values: np.ndarray, accum: np.ndarray | None = None) -> None:
+        """Write rows (rank 0 loading the table's start, or a worker its copy after a change; ``accum``: their
+        Adagrad accumulators); returns once every server stored them."""
+        self._rows(ids, values, Header(MsgType.SPARSE_PUSH, key=self.key, flags=Flags.SET), chunked=True,
+                   accum=accum)
         self.flush()
 
-    def _rows(self, ids: np.ndarray, vals: np.ndarray, proto: Header, chunked: bool) -> None:
+    def changed(self, lo: int, hi: int, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The rows of [lo, hi) that a round after ``since`` changed (``since`` < 0: every row), as they are
+        after this worker's last round: (ids, rows, Adagrad accumulators or None). What an elastic job's copy of
+        the table takes at each commit."""
+        adagrad = self.optimizer.get("name") == "adagrad"
+        asked = []
+        for j in range(self.servers):
+            a, b = max(lo, self.bounds[j]), min(hi, self.bounds[j + 1])
+            for c in range(a, b, self.chunk_rows):
+                rng = np.array([c, min(b, c + self.chunk_rows)], dtype=np.int64)
+                self._send(j, Header(MsgType.SPARSE_PULL, key=self.key, round=self.round, flags=Flags.CHANGED,
+                                     extra=since + 1 if since >= 0 else 0, dtype=dtype_code("int64"), nbytes=16),
+                           [rng])
+                asked.append(j)
+        ids, rows, accs = [np.empty(0, np.int64)], [np.empty((0, self.dim), np.float32)], []
+        for j in asked:  # answers come in the order asked, per server
+            m = self._recv(j, MsgType.SPARSE_ROWS, self.round, f"the pull of changed rows of round {self.round}")
+            n = m.header.numel
+            want = 3 if adagrad else 2
+            if not m.header.flags & Flags.CHANGED or len(m.frames) != want:
+                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered a pull of changed "
+                                    f"rows with {len(m.frames)} frames, expected {want}")
+            got = [np.frombuffer(_frame(f), dtype=d) for f, d in zip(m.frames, ("<i8", "<f4", "<f4"))]
+            if len(got[0]) != n or any(len(g) != n * self.dim for g in got[1:]):
+                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]}'s changed rows do not "
+                                    f"match their count ({n})")
+            ids.append(got[0])
+            rows.append(got[1].reshape(n, self.dim))
+            if adagrad:
+                accs.append(got[2].reshape(n, self.dim))
+            self.stats["bytes_pulled"] += sum(memoryview(_frame(f)).nbytes for f in m.frames)
+        return (np.concatenate(ids), np.concatenate(rows),
+                np.concatenate(accs) if adagrad else None)
+
+    def _rows(self, ids: np.ndarray, vals: np.ndarray, proto: Header, chunked: bool, accum=None) -> None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         vals = np.ascontiguousarray(vals, dtype=np.float32).reshape(len(ids), self.dim)
+        if accum is not None:
+            accum = np.ascontiguousarray(accum, dtype=np.float32).reshape(len(ids), self.dim)
         for j, sl in self._split(ids):
             n = sl.stop - sl.start
             if not chunked and n > self.chunk_rows:
@@ -176,7 +262,7 @@ class SparseClient:
                 hi = min(sl.stop, lo + step)
                 h = Header(proto.type, key=proto.key, round=proto.round if not chunked else 1, flags=proto.flags,
                            extra=proto.extra, dtype=FLOAT32, numel=hi - lo, nbytes=4 * (hi - lo) * self.dim)
-                self._send(j, h, [ids[lo:hi], vals[lo:hi]])
+                self._send(j, h, [ids[lo:hi], vals[lo:hi]] + ([accum[lo:hi]] if accum is not None else []))
                 self.unacked[j] += 1
                 self.stats["bytes_pushed"] += 8 * (hi - lo) + 4 * (hi - lo) * self.dim
         self.stats["rows_pushed"] += len(ids)
@@ -186,3 +272,7 @@ class SparseClient:
         for j in range(self.servers):
             while self.unacked[j]:
                 self._recv(j, MsgType.SPARSE_ACK, None, "a push's acknowledgement")
+
+
+def _frame(f) -> memoryview:
+    return f.buffer if hasattr(f, "buffer") else memoryview(f)

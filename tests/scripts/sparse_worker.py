@@ -72,6 +72,7 @@ def boundary() -> None:
     for server, row, holds in ((0, 5, "[0, 5)"), (1, 4, "[5, 11)")):  # each server holds its range only
         # a second client of the same table (a refusal makes a client unusable), asking one server directly
         c = SparseClient(bps.engine(), "boundary.table", rows, dim, {"name": "sgd"})
+        c.declare()  # the table exists: the servers acknowledge this worker's declaration alone
         c._send(server, Header(MsgType.SPARSE_PULL, key=c.key, round=0, numel=1), [np.array([row], np.int64)])
         try:
             c._recv(server, MsgType.SPARSE_ROWS, 0, "a pull")

@@ -46,3 +46,135 @@ def test_a_pull_whose_answer_would_not_fit_in_a_message_is_refused_before_readin
     store.handle(b"w0", Msg(Header(MsgType.SPARSE_PULL, sender=0, key=7, numel=n),
                             [np.arange(n, dtype=np.int64).tobytes()]))
     assert errors and "asks for 5000 rows, 1280000 bytes, over PUSHPULL_MAX_MESSAGE_BYTES=1048576" in errors[-1]
+
+
+def _store(max_message_bytes: int = 1 << 20, workers: int = 2):
+    from pushpull.config import load_config
+    from pushpull.server.sparse import SparseStore
+
+    cfg = load_config({"PUSHPULL_MAX_MESSAGE_BYTES": str(max_message_bytes), "BYTEPS_PARTITION_BYTES": "65536"})
+    errors, replies = [], []
+    store = SparseStore(cfg, lambda ident, h, frames=(): replies.append((ident, h, list(frames))),
+                        lambda ident, key, text, req_id=0: errors.append(text), lambda: 0)
+    store.num_workers = workers
+    return store, replies, errors
+
+
+def _declare(store, optimizer="sgd", rows=10, lo=0, hi=10, workers=2):
+    from pushpull.transport.protocol import Header, Msg, MsgType, encode_json
+
+    decl = {"name": "t", "rows": rows, "dim": 2, "lo": lo, "hi": hi, "optimizer": {"name": optimizer}}
+    for rank in range(workers):
+        store.handle(b"w%d" % rank, Msg(Header(MsgType.SPARSE_INIT, sender=rank, key=7), [encode_json(decl)]))
+
+
+def _push(store, rank, rnd, ids, grads):
+    from pushpull.transport.protocol import Flags, Header, Msg, MsgType, dtype_code, f32_bits
+
+    ids = np.asarray(ids, np.int64)
+    g = np.asarray(grads, np.float32).reshape(len(ids), 2)
+    store.handle(b"w%d" % rank, Msg(Header(MsgType.SPARSE_PUSH, sender=rank, key=7, round=rnd, numel=len(ids),
+                                           dtype=dtype_code("float32"), extra=f32_bits(1.0), flags=Flags.NO_ACK),
+                                    [ids.tobytes(), g.tobytes()]))
+
+
+def _pull_changed(store, rank, rnd, lo, hi, since):
+    from pushpull.transport.protocol import Flags, Header, Msg, MsgType
+
+    store.handle(b"w%d" % rank, Msg(Header(MsgType.SPARSE_PULL, sender=rank, key=7, round=rnd, flags=Flags.CHANGED,
+                                           extra=since + 1 if since >= 0 else 0),
+                                    [np.array([lo, hi], np.int64).tobytes()]))
+
+
+def _changed_answer(replies):
+    from pushpull.transport.protocol import Flags
+
+    _, h, frames = replies[-1]
+    assert h.flags & Flags.CHANGED
+    return [np.frombuffer(bytes(f), dtype=d) for f, d in zip(frames, ("<i8", "<f4", "<f4"))]
+
+
+def test_a_pull_of_changed_rows_answers_only_the_rows_a_round_after_since_changed():
+    store, replies, errors = _store()
+    _declare(store)
+    _push(store, 0, 1, [2, 5], [[1, 1], [1, 1]])
+    _push(store, 1, 1, [5], [[3, 3]])           # round 1 changes rows 2 and 5
+    _push(store, 0, 2, [7], [[2, 2]])
+    _push(store, 1, 2, [], [])                  # round 2 changes row 7
+    _pull_changed(store, 0, 2, 0, 10, since=1)
+    ids, rows = _changed_answer(replies)[:2]
+    assert not errors and ids.tolist() == [7] and rows.tolist() == [-1.0, -1.0]  # the average of 2 and nothing
+
+
+def test_a_pull_of_changed_rows_since_minus_one_answers_every_row_of_the_range():
+    store, replies, errors = _store()
+    _declare(store)
+    _pull_changed(store, 0, 0, 3, 6, since=-1)
+    assert not errors and _changed_answer(replies)[0].tolist() == [3, 4, 5]
+
+
+def test_a_pull_of_changed_rows_waits_for_its_round_then_answers_it():
+    store, replies, errors = _store()
+    _declare(store)
+    _push(store, 0, 1, [4], [[2, 2]])
+    n = len(replies)
+    _pull_changed(store, 0, 1, 0, 10, since=0)  # round 1 is not applied yet: rank 1 has not pushed it
+    assert len(replies) == n
+    _push(store, 1, 1, [], [])
+    assert not errors and _changed_answer(replies)[0].tolist() == [4]
+
+
+def test_an_adagrad_tables_changed_rows_come_with_their_accumulators():
+    store, replies, errors = _store()
+    _declare(store, optimizer="adagrad")
+    _push(store, 0, 1, [1], [[2, 2]])
+    _push(store, 1, 1, [1], [[2, 2]])
+    _pull_changed(store, 0, 1, 0, 10, since=0)
+    ids, _, acc = _changed_answer(replies)
+    assert not errors and ids.tolist() == [1] and acc.tolist() == [4.0, 4.0]  # 0 + the mean gradient squared
+
+
+def test_a_pull_of_changed_rows_outside_the_servers_range_is_refused_naming_it():
+    store, replies, errors = _store()
+    _declare(store, rows=20, lo=0, hi=10)
+    _pull_changed(store, 0, 0, 5, 15, since=-1)
+    assert errors and "asked for the changed rows of [5, 15), this server holds [0, 10)" in errors[-1]
+
+
+def test_a_pull_of_changed_rows_that_could_overflow_a_message_is_refused():
+    store, replies, errors = _store()
+    _declare(store, rows=100_000, lo=0, hi=100_000)  # 100,000 x (8 + 2 x 4) bytes: 1.6 MB
+    _pull_changed(store, 0, 0, 0, 100_000, since=-1)
+    assert errors and "over PUSHPULL_MAX_MESSAGE_BYTES=1048576" in errors[-1]
+
+
+def test_a_load_writes_an_adagrad_tables_accumulators_too():
+    from pushpull.transport.protocol import Flags, Header, Msg, MsgType, dtype_code
+
+    store, replies, errors = _store()
+    _declare(store, optimizer="adagrad")
+    ids, vals, acc = np.array([3], np.int64), np.full((1, 2), 5, np.float32), np.full((1, 2), 9, np.float32)
+    store.handle(b"w0", Msg(Header(MsgType.SPARSE_PUSH, sender=0, key=7, round=1, numel=1, flags=Flags.SET,
+                                   dtype=dtype_code("float32")), [ids.tobytes(), vals.tobytes(), acc.tobytes()]))
+    t = store.tables[7]
+    assert not errors and t.weight[3].tolist() == [5, 5] and t.accum[3].tolist() == [9, 9]
+
+
+def test_a_change_in_an_elastic_job_drops_every_table_for_the_workers_to_declare_again():
+    store, replies, errors = _store()
+    _declare(store)
+    store.drop_all()
+    assert not store.tables and not store.owns(7)
+
+
+def test_the_load_plan_covers_every_row_from_the_lowest_rank_reaching_furthest():
+    from pushpull.torch.sparse import _cover
+
+    # 3 old shards of 30 rows, kept twice over: ranks 0 and 1 survive, rank 2 (a newcomer) holds nothing
+    assert _cover(30, [[[0, 10], [10, 20]], [[10, 20], [20, 30]], []]) == [(0, 20, 0), (20, 30, 1)]
+
+
+def test_the_load_plan_names_the_rows_no_rank_holds():
+    from pushpull.torch.sparse import _cover
+
+    assert _cover(30, [[[0, 10]], [[20, 30]]]) == "[10, 20)"
