@@ -11,6 +11,7 @@ from pushpull.worker.compression import Compression  # noqa: F401
 from pushpull.keras import callbacks  # noqa: F401
 from pushpull.keras.callbacks import broadcast_variables  # noqa: F401
 from pushpull.keras.optimizer import DistributedOptimizer, reduce_gradients  # noqa: F401
+from pushpull.keras.diloco import DiLoCo  # noqa: F401
 
 Average = 0  # Horovod's op constants (pushpull.tensorflow.Average compares equal)
 Sum = 1

@@ -158,3 +158,27 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = _get_lr(self.model.optimizer)
+
+
+class DiLoCoCallback(keras.callbacks.Callback):
+    """DiLoCo under ``model.fit`` (:class:`pushpull.keras.diloco.DiLoCo`): the model's optimizer is the inner one
+    (not wrapped in DistributedOptimizer), an outer round follows every ``sync_every`` batches, and one more at
+    the end of training, so every worker ends with the global parameters. The keyword arguments are DiLoCo's;
+    ``self.diloco`` is the running one (its ``rounds`` and ``steps``)."""
+
+    def __init__(self, sync_every: int = 100, **kwargs):
+        super().__init__()
+        self.sync_every, self.kwargs = sync_every, kwargs
+        self.diloco = None
+
+    def on_train_begin(self, logs=None):
+        if self.diloco is None:  # a second fit() goes on with the same rounds
+            from pushpull.keras.diloco import DiLoCo
+
+            self.diloco = DiLoCo(self.model.trainable_variables, sync_every=self.sync_every, **self.kwargs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.diloco.step()
+
+    def on_train_end(self, logs=None):
+        self.diloco.sync()

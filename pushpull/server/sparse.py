@@ -47,8 +47,9 @@ class SparseError(ValueError):
     """A request that cannot be served; the text names the table, the rank and the value."""
 
 
-def _rows_bytes(rows: int, dim: int, optimizer: str) -> int:
-    return rows * dim * 4 * (2 if optimizer == "adagrad" else 1)
+def _rows_bytes(rows: int, dim: int, optimizer: str, elastic: bool = False) -> int:
+    """What a range of a table holds here: its rows, Adagrad's accumulators, an elastic table's round per row."""
+    return rows * dim * 4 * (2 if optimizer == "adagrad" else 1) + (4 * rows if elastic else 0)
 
 
 @dataclass
@@ -61,24 +62,28 @@ class SparseTable:
     hi: int
     optimizer: dict    # {"name": "sgd" | "adagrad", ...its options}
     num_workers: int
+    elastic: bool = False  # the workers keep copies of it: each row remembers the round that last changed it
     weight: np.ndarray = field(init=False)
     accum: np.ndarray | None = field(init=False, default=None)
     applied: int = 0   # rounds applied so far
     pending: dict = field(default_factory=dict)   # round -> {rank: (ids, grads, lr)}
     waiting: dict = field(default_factory=dict)   # round -> [(identity, rank, req_id, ids)]
     error: str | None = None  # a round that could not be applied: every later request gets this
-    touched: np.ndarray = field(init=False)  # per row, the round that last changed it (0: none since the load)
+    touched: np.ndarray | None = field(init=False, default=None)  # elastic: per row, the round that last changed
+    #                                     it (0: none since the load)
+    asked: dict = field(default_factory=dict)  # elastic: rank -> (round, rows asked of the changed ones in it)
     stats: dict = field(default_factory=lambda: {"rows_pushed": 0, "rows_pulled": 0, "rounds": 0})
 
     def __post_init__(self) -> None:
         self.weight = np.zeros((self.hi - self.lo, self.dim), dtype=np.float32)
-        self.touched = np.zeros(self.hi - self.lo, dtype=np.int64)
+        if self.elastic:
+            self.touched = np.zeros(self.hi - self.lo, dtype=np.int32)
         if self.optimizer["name"] == "adagrad":
             self.accum = np.full((self.hi - self.lo, self.dim), self.optimizer["initial_accumulator_value"],
                                  dtype=np.float32)
 
     def nbytes(self) -> int:
-        return _rows_bytes(self.hi - self.lo, self.dim, self.optimizer["name"])
+        return _rows_bytes(self.hi - self.lo, self.dim, self.optimizer["name"], self.elastic)
 
     # ---------------------------------------------------------------- checks --
     def ids(self, buf, numel: int, rank: int, what: str) -> np.ndarray:
@@ -159,7 +164,8 @@ class SparseTable:
             acc = self.accum[rows] + g * g
             self.accum[rows] = acc
             self.weight[rows] -= lr * g / (np.sqrt(acc) + np.float32(self.optimizer["eps"]))
-        self.touched[rows] = self.applied + 1
+        if self.touched is not None:
+            self.touched[rows] = self.applied + 1
         self.stats["rounds"] += 1
 
     def pull_ready(self, rnd: int, rank: int) -> bool:
@@ -226,6 +232,7 @@ class SparseStore:
         name = str(d.get("name"))[:200]
         try:
             rows, dim, lo, hi = (int(d[k]) for k in ("rows", "dim", "lo", "hi"))
+            elastic = bool(d.get("elastic", False))
             opt = dict(d.get("optimizer") or {})
             oname = str(opt.pop("name", ""))
             if oname not in OPTIMIZERS or set(opt) - set(OPTIMIZERS[oname]):
@@ -238,9 +245,9 @@ class SparseStore:
             raise SparseError(f"sparse table {name!r}: rows={rows} dim={dim} range [{lo}, {hi}) not accepted "
                               f"(rows >= 1, 1 <= dim <= {MAX_DIM}, 0 <= lo <= hi <= rows)")
         t = self.tables.get(h.key)
-        decl = {"name": name, "rows": rows, "dim": dim, "lo": lo, "hi": hi, "optimizer": opt}
+        decl = {"name": name, "rows": rows, "dim": dim, "lo": lo, "hi": hi, "optimizer": opt, "elastic": elastic}
         if t is not None:
-            if (t.name, t.rows, t.dim, t.lo, t.hi, t.optimizer) != (name, rows, dim, lo, hi, opt):
+            if (t.name, t.rows, t.dim, t.lo, t.hi, t.optimizer, t.elastic) != (name, rows, dim, lo, hi, opt, elastic):
                 raise SparseError(f"sparse table {name!r} re-declared by rank {h.sender} differently: {decl}")
             self.reply(identity, Header(MsgType.SPARSE_ACK, key=h.key, req_id=h.req_id))
             return
@@ -249,7 +256,7 @@ class SparseStore:
                 raise SparseError(f"this server holds PUSHPULL_SERVER_MAX_KEYS={self.cfg.server_max_keys} keys "
                                   f"already; sparse table {name!r} refused")
             held = sum(t.nbytes() for t in self.tables.values())
-            need = _rows_bytes(hi - lo, dim, oname)
+            need = _rows_bytes(hi - lo, dim, oname, elastic)
             if held + need > self.cfg.sparse_max_table_bytes:
                 raise SparseError(f"sparse table {name!r}: rows [{lo}, {hi}) x {dim} need {need} bytes on this "
                                   f"server, {held} held already; PUSHPULL_SPARSE_MAX_TABLE_BYTES="
@@ -268,7 +275,7 @@ class SparseStore:
             for ident, req_id, _ in pend["by"].values():
                 self.error(ident, h.key, text, req_id)
             return
-        self.tables[h.key] = SparseTable(h.key, name, rows, dim, lo, hi, opt, self.num_workers)
+        self.tables[h.key] = SparseTable(h.key, name, rows, dim, lo, hi, opt, self.num_workers, elastic)
         for ident, req_id, _ in pend["by"].values():
             self.reply(ident, Header(MsgType.SPARSE_ACK, key=h.key, req_id=req_id))
 
@@ -276,6 +283,12 @@ class SparseStore:
         """A worker's copy asks for the rows of [lo, hi) changed after round ``extra - 1`` (``extra`` 0: every
         row), as they are once round ``h.round`` is applied."""
         h = msg.header
+        if t.touched is None:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for changed rows of a table declared "
+                              f"outside an elastic job")
+        if h.round < t.applied:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the rows changed as of round "
+                              f"{h.round}, the table is at round {t.applied}")
         buf = msg.body_view()
         if len(buf) != 16:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows has {len(buf)} bytes, "
@@ -289,6 +302,15 @@ class SparseStore:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows [{lo}, {hi}) could "
                               f"need {(hi - lo) * per_row} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
                               f"{self.cfg.max_message_bytes}")
+        # a worker asks for the rows of its shards when it takes them (the start, after a change) and at each
+        # commit, which may fall in the same round: at most twice this server's range per round, so a 16-byte
+        # request cannot be repeated into answers without bound
+        rnd, asked = t.asked.get(h.sender, (h.round, 0))
+        asked = (asked if rnd == h.round else 0) + hi - lo
+        if asked > 2 * (t.hi - t.lo):
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the changed rows of {asked} rows "
+                              f"in round {h.round}, more than twice this server's {t.hi - t.lo}")
+        t.asked[h.sender] = (h.round, asked)
         spec = ("changed", lo, hi, int(h.extra) - 1)
         if t.pull_ready(h.round, h.sender):
             self._answer(identity, h.req_id, h.round, t, spec)

@@ -11,5 +11,6 @@ from pushpull.tensorflow.ops import (  # noqa: F401
 from pushpull.worker.compression import Compression  # noqa: F401
 from pushpull.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from pushpull.tensorflow.optimizer import BroadcastGlobalVariablesHook, DistributedOptimizer  # noqa: F401
+from pushpull.keras.diloco import DiLoCo  # noqa: F401 - local SGD / DiLoCo over tf.Variable or Keras variables
 from pushpull.worker.handle import PushPullError  # noqa: F401
 from pushpull.worker.broadcast import BroadcastError  # noqa: F401

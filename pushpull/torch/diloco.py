@@ -252,8 +252,9 @@ class DiLoCo:
     def sync(self) -> None:
         """An outer round of every fragment now, answers taken at once (a collective: every worker calls it at
         the same point), e.g. before evaluating or saving, so that every worker holds the global parameters.
-        A second call at the same step does nothing (every worker holds them already)."""
-        if self._last_sync == self.steps and not self._inflight:
+        Where every worker holds them already (a second call at the same step, or every fragment's round fell on
+        this step) it does nothing: a round of zero pseudo-gradients would still move them by the momentum."""
+        if (self._last_sync == self.steps or self.pending == 0) and not self._inflight:
             return
         self._phase = "sync"
         for f in sorted(self._inflight):

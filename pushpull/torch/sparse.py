@@ -113,13 +113,13 @@ class SparseEmbedding(torch.nn.Module):
     @torch.no_grad()
     def step(self) -> None:
         """Push the gradients of the rows looked up since the last step (one round on every server)."""
+        lookups, self._lookups = self._lookups, []  # taken once: a step a change interrupts is not pushed later
         self.client.check_generation()
         ids, grads = [], []
-        for uniq, rows in self._lookups:
+        for uniq, rows in lookups:
             if rows.grad is not None:
                 ids.append(uniq)
                 grads.append(rows.grad.to("cpu", torch.float32))
-        self._lookups = []
         if len(ids) > 1:  # several lookups: one gradient per row, summed as a dense embedding's would be
             all_ids = torch.cat(ids)
             uniq, inverse = torch.unique(all_ids, return_inverse=True)
@@ -137,6 +137,7 @@ class SparseEmbedding(torch.nn.Module):
     @torch.no_grad()
     def table(self) -> torch.Tensor:
         """The whole table as the servers hold it after this worker's last step (checkpoints, tests)."""
+        self.client.check_generation()
         self.client.flush()  # a refused push is raised here, not hidden behind the read
         return torch.from_numpy(self.client.pull(np.arange(self.num_embeddings, dtype=np.int64)))
 
@@ -184,12 +185,23 @@ class SparseEmbedding(torch.nn.Module):
 
     def resume(self, commit: int) -> None:
         """After a change (collective, from ``elastic.TorchState.sync``): declare the table again over the
-        servers alive, load every row from the lowest rank holding it as of ``commit``, then cut the shards
+        servers alive, load every row from a rank holding it as of ``commit`` (see _cover), then cut the shards
         anew for the new ``size()``. Does nothing where the job has not changed since the declaration."""
-        if not self.elastic or self.client.gen == ops.engine().gen:
+        if not self.elastic:
+            return
+        eng = ops.engine()
+        if self.client.gen == eng.gen:
+            if self._copy is not None and self._copy.commit != commit:  # the others took a commit kept on disk
+                raise PushPullError(f"sparse table {self.name!r}: the job resumes from commit {commit}, and the "
+                                    f"workers' copies of sparse tables are in memory only (this one is of commit "
+                                    f"{self._copy.commit}): a sparse table cannot resume after a restart of every "
+                                    f"worker")
             return
         from pushpull.torch.gather import allgather_object
 
+        eng.raise_if_changed(f"sparse table {self.name}")  # a change nobody has taken yet: restore again first
+        gen = eng.gen  # the generation the plan is agreed in; a later one fails the declaration below
+        self._lookups = []  # the interrupted step's lookups: their gradients are not pushed
         held = self._held(commit)
         offers = allgather_object([[lo, hi] for lo, hi, _, _ in held],
                                   name=f"elastic.sparse.{self.name}.held.n{ops.size()}")
@@ -197,7 +209,7 @@ class SparseEmbedding(torch.nn.Module):
         if isinstance(plan, str):
             raise PushPullError(f"sparse table {self.name!r}: no worker holds rows {plan} as of commit {commit} "
                                 f"(the workers keeping them were lost at once); the table cannot be restored")
-        self.client.redeclare()
+        self.client.redeclare(gen)
         me = ops.rank()
         for lo, hi, rank in plan:
             if rank != me:
@@ -213,7 +225,8 @@ class SparseEmbedding(torch.nn.Module):
         self.resumes += 1
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, servers={self.client.servers}"
+        return (f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, "
+                f"servers={getattr(self.client, 'servers', 'not declared yet')}")
 
 
 def _cover(rows: int, offers: list) -> list[tuple[int, int, int]] | str:

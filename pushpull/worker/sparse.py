@@ -58,17 +58,24 @@ class SparseClient:
         self.optimizer = dict(optimizer)
         self.key = table_key(name)
         self.stats = {"bytes_pushed": 0, "bytes_pulled": 0, "rows_pushed": 0, "rows_pulled": 0}
-        # messages per server hold at most this many rows (half the largest message a server accepts; a pull of
-        # changed rows answers ids, rows and Adagrad's accumulators)
-        self.chunk_rows = max(1, (engine.cfg.max_message_bytes // 2) // (8 + 8 * self.dim))
+        # messages per server hold at most this many rows (half the largest message a server accepts); the
+        # elastic copies' messages carry ids, rows and Adagrad's accumulators
+        self.chunk_rows = max(1, (engine.cfg.max_message_bytes // 2) // (8 + 4 * self.dim))
+        self.copy_chunk_rows = max(1, (engine.cfg.max_message_bytes // 2) // (8 + 8 * self.dim))
+        self.elastic = bool(engine.cfg.min_workers)
         self.path = None
         self.gen = -1  # the job's generation the table was declared in (-1: not declared)
         self.noticed = -1  # the last generation a call was told of (WorkersChanged)
 
-    def declare(self) -> None:
+    def declare(self, gen: int | None = None) -> None:
         """Declare the table to the servers alive (collective: a server creates it once every worker did), its
-        rows split among them; a new generation of the job calls it again (:meth:`redeclare`)."""
+        rows split among them; a new generation of the job calls it again (:meth:`redeclare`). ``gen``: the
+        generation the caller agreed with the others in; a later one raises WorkersChanged (the others are not
+        declaring in it)."""
         engine = self.engine
+        if gen is not None and engine.gen != gen:
+            raise WorkersChanged(f"sparse table {self.name!r}: the job changed again while it was being restored "
+                                 f"({engine.changed_reason})")
         self.gen = engine.gen
         lost = engine.servers_lost
         self.owners = [j for j in range(engine.num_servers) if j not in lost]  # the servers holding a range
@@ -81,21 +88,23 @@ class SparseClient:
         self.error: str | None = None  # a server refused a request: every later call raises it
         self.round = 0  # rounds this worker pushed
         self.unacked = [0] * self.servers  # pushes whose acknowledgement was not read yet, per range
-        body = {"name": self.name, "rows": self.rows, "dim": self.dim, "optimizer": self.optimizer}
+        body = {"name": self.name, "rows": self.rows, "dim": self.dim, "optimizer": self.optimizer,
+                "elastic": self.elastic}
         for j in range(self.servers):
             decl = encode_json({**body, "lo": self.bounds[j], "hi": self.bounds[j + 1]})
             self._send(j, Header(MsgType.SPARSE_INIT, key=self.key), [decl])
         for j in range(self.servers):
             self._recv(j, MsgType.SPARSE_ACK, None, "its declaration (SPARSE_INIT)")
 
-    def redeclare(self) -> None:
-        """The job changed: the servers dropped the table; declare it again over the servers alive now (new
-        sockets: answers to the old generation's requests never reach the new ones)."""
+    def redeclare(self, gen: int) -> None:
+        """The job changed: the servers dropped the table; declare it again over the servers alive in generation
+        ``gen`` (new sockets: answers to the old generation's requests never reach the new ones)."""
         if self.path is not None:
             self.path.close()
             if self.path.close in self.engine.closers:
                 self.engine.closers.remove(self.path.close)
-        self.declare()
+            self.path = None
+        self.declare(gen)
 
     def check_generation(self) -> None:
         """A change of the job since the declaration: the table is gone from the servers until it is declared
@@ -103,6 +112,9 @@ class SparseClient:
         gen = self.engine.gen
         if gen == self.gen:
             return
+        if not self.elastic:  # the end of a join() (the only change outside elastic jobs)
+            raise PushPullError(f"sparse table {self.name!r}: the job changed ({self.engine.changed_reason}); "
+                                f"sparse tables do not support join()")
         if self.noticed == gen:  # told once already, and nobody loaded it again: a retry would loop forever
             raise PushPullError(f"sparse table {self.name!r} was not loaded again after the job changed (generation "
                                 f"{gen}): put its module in the model of the elastic.TorchState that "
@@ -221,8 +233,8 @@ class SparseClient:
         asked = []
         for j in range(self.servers):
             a, b = max(lo, self.bounds[j]), min(hi, self.bounds[j + 1])
-            for c in range(a, b, self.chunk_rows):
-                rng = np.array([c, min(b, c + self.chunk_rows)], dtype=np.int64)
+            for c in range(a, b, self.copy_chunk_rows):
+                rng = np.array([c, min(b, c + self.copy_chunk_rows)], dtype=np.int64)
                 self._send(j, Header(MsgType.SPARSE_PULL, key=self.key, round=self.round, flags=Flags.CHANGED,
                                      extra=since + 1 if since >= 0 else 0, dtype=dtype_code("int64"), nbytes=16),
                            [rng])
@@ -252,12 +264,13 @@ class SparseClient:
         vals = np.ascontiguousarray(vals, dtype=np.float32).reshape(len(ids), self.dim)
         if accum is not None:
             accum = np.ascontiguousarray(accum, dtype=np.float32).reshape(len(ids), self.dim)
+        per_message = self.chunk_rows if accum is None else self.copy_chunk_rows
         for j, sl in self._split(ids):
             n = sl.stop - sl.start
-            if not chunked and n > self.chunk_rows:
+            if not chunked and n > per_message:
                 raise PushPullError(f"sparse table {self.name!r}: {n} rows for server {j} in one step, more than a "
-                                    f"message holds ({self.chunk_rows} rows; PUSHPULL_MAX_MESSAGE_BYTES)")
-            step = self.chunk_rows if chunked else max(n, 1)
+                                    f"message holds ({per_message} rows; PUSHPULL_MAX_MESSAGE_BYTES)")
+            step = per_message if chunked else max(n, 1)
             for lo in range(sl.start, max(sl.stop, sl.start + 1), step):
                 hi = min(sl.stop, lo + step)
                 h = Header(proto.type, key=proto.key, round=proto.round if not chunked else 1, flags=proto.flags,

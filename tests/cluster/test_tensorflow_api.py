@@ -38,7 +38,7 @@ def assert_ok(res: subprocess.CompletedProcess, workers: int, cases: tuple[str, 
     return out
 
 
-ALL = ("collectives", "tape", "order", "keras", "warmup", "v1", "graph")
+ALL = ("collectives", "tape", "order", "keras", "warmup", "v1", "graph", "diloco")
 
 
 def test_tensorflow_api_under_launcher():

@@ -45,6 +45,7 @@ def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: fl
                 p.copy_(g)
         locals_.append(m)
     rounds, inflight = 1, {}
+    last = [0] * len(frags)  # the step of each fragment's last round
     received = [g.detach().clone() for g in glob]  # the global parameters as the workers hold them
 
     def outer_round(f: int, s: int) -> list[torch.Tensor]:
@@ -81,11 +82,14 @@ def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: fl
         for f in range(len(frags)):
             off = s - f * H // len(frags)
             if off > 0 and off % H == 0:
+                last[f] = s
                 new = outer_round(f, s)
                 if overlap:
                     inflight[f] = (s + overlap, new, s)
                 else:
                     arrive(f, new, merge=False)
+    if not inflight and all(s == total for s in last):
+        return [[p.detach() for p in m.parameters()] for m in locals_], rounds  # the final sync: nothing to do
     for f in sorted(inflight):  # the final sync: answers in flight first, then every fragment at once
         _, new, started = inflight.pop(f)
         arrive(f, new, merge=overlap > 0 and mix > 0, started=started, at=total + 1)

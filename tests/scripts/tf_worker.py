@@ -382,8 +382,73 @@ def case_graph() -> None:
     expect(len(first) == 1 and first[0].inputs[0].shape.as_list() == [D_OUT], "first start is not b2's")
 
 
+def diloco_reference(start: list, h: int, fragments: int, total: int, lr: float = 0.1) -> tuple[list, list]:
+    """DiLoCo computed here for every rank: plain SGD inner steps on each rank's batches, the mean
+    pseudo-gradient, Nesterov SGD (lr 0.7, momentum 0.9) on the global parameters. Returns (the global
+    parameters, this rank's variables) after ``total`` steps."""
+    from pushpull.outer import fragments as cut
+
+    n = bps.size()
+    frags = cut([a.size for a in start], fragments)
+    glob, buf = [a.astype(np.float64) for a in start], [None] * len(start)
+    locs = [[a.copy() for a in start] for _ in range(n)]
+    for s in range(1, total + 1):
+        for q in range(n):
+            vs = [tf.Variable(a) for a in locs[q]]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(vs, *batch(q, s - 1))
+            locs[q] = [a - lr * g.numpy() for a, g in zip(locs[q], tape.gradient(loss, vs))]
+        for f in range(fragments):
+            off = s - f * h // fragments
+            if off > 0 and off % h == 0:
+                for i in frags[f]:
+                    g = np.mean([glob[i] - locs[q][i] for q in range(n)], axis=0)
+                    buf[i] = g if buf[i] is None else 0.9 * buf[i] + g
+                    glob[i] = glob[i] - 0.7 * (g + 0.9 * buf[i])
+                    for q in range(n):
+                        locs[q][i] = glob[i].astype(np.float32)
+    return glob, locs[bps.rank()]
+
+
+def case_diloco() -> None:
+    """bps.DiLoCo in a custom loop (2 fragments, staggered) and hvd.callbacks.DiLoCoCallback under fit == the
+    rounds computed here for every rank; the final sync leaves every rank the same parameters."""
+    import keras
+
+    r = bps.rank()
+    vs = make_vars(r + 1)  # each rank elsewhere: the start takes rank 0's
+    start = [t.numpy() for t in make_vars(1)]
+    opt = bps.DiLoCo(vs, sync_every=4, fragments=2, name="tf.diloco")
+    for s in range(8):  # fragment 0's rounds at steps 4 and 8, fragment 1's (offset by H / 2) at step 6
+        with tf.GradientTape() as tape:
+            loss = loss_fn(vs, *batch(r, s))
+        for t, g in zip(vs, tape.gradient(loss, vs)):
+            t.assign_sub(0.1 * g)
+        opt.step()
+    _, mine = diloco_reference(start, 4, 2, 8)
+    expect(opt.rounds == 4, f"DiLoCo took {opt.rounds} rounds, 4 due (the start, 2 of fragment 0, 1 of fragment 1)")
+    for i, (t, want) in enumerate(zip(vs, mine)):
+        close(f"DiLoCo (2 fragments) variable {i} after 8 steps", t.numpy(), want, rtol=1e-4, atol=1e-5)
+    opt.sync()
+    flat = np.concatenate([t.numpy().ravel() for t in vs])
+    close("DiLoCo: every rank's parameters after sync()", bps.allreduce(flat, name="check.diloco") * 1.0, flat)
+
+    model = make_keras(r + 1)
+    _compile(model, keras.optimizers.SGD(0.1))
+    cb = hvd.callbacks.DiLoCoCallback(sync_every=2, name="keras.diloco")
+    xs, ys = zip(*(batch(r, s) for s in range(4)))
+    model.fit(np.concatenate(xs), np.concatenate(ys), batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[cb])
+    ref = make_keras(1)
+    glob, _ = diloco_reference([w.numpy() for w in ref.trainable_variables], 2, 1, 4)
+    expect(cb.diloco.rounds == 3, f"DiLoCoCallback took {cb.diloco.rounds} rounds, 3 due (the start, 2 rounds; "
+                                  f"the end's sync has nothing to do)")
+    for i, (a, want) in enumerate(zip(model.get_weights(), glob)):
+        close(f"DiLoCoCallback under fit, weight {i}", a, want, rtol=1e-4, atol=1e-5)
+
+
 CASES = {"collectives": case_collectives, "tape": case_tape, "order": case_order, "keras": case_keras,
-         "warmup": case_warmup, "v1": case_v1, "graph": case_graph}
+         "warmup": case_warmup, "v1": case_v1, "graph": case_graph, "diloco": case_diloco}
 
 
 def main() -> None:

@@ -60,10 +60,11 @@ def _store(max_message_bytes: int = 1 << 20, workers: int = 2):
     return store, replies, errors
 
 
-def _declare(store, optimizer="sgd", rows=10, lo=0, hi=10, workers=2):
+def _declare(store, optimizer="sgd", rows=10, lo=0, hi=10, workers=2, elastic=True):
     from pushpull.transport.protocol import Header, Msg, MsgType, encode_json
 
-    decl = {"name": "t", "rows": rows, "dim": 2, "lo": lo, "hi": hi, "optimizer": {"name": optimizer}}
+    decl = {"name": "t", "rows": rows, "dim": 2, "lo": lo, "hi": hi, "optimizer": {"name": optimizer},
+            "elastic": elastic}
     for rank in range(workers):
         store.handle(b"w%d" % rank, Msg(Header(MsgType.SPARSE_INIT, sender=rank, key=7), [encode_json(decl)]))
 
@@ -178,3 +179,36 @@ def test_the_load_plan_names_the_rows_no_rank_holds():
     from pushpull.torch.sparse import _cover
 
     assert _cover(30, [[[0, 10]], [[20, 30]]]) == "[10, 20)"
+
+
+def test_a_pull_of_changed_rows_of_a_table_outside_an_elastic_job_is_refused():
+    store, replies, errors = _store()
+    _declare(store, elastic=False)
+    _pull_changed(store, 0, 0, 0, 10, since=-1)
+    assert errors and "declared outside an elastic job" in errors[-1] and store.tables[7].touched is None
+
+
+def test_changed_rows_cannot_be_asked_again_and_again_in_one_round():
+    store, replies, errors = _store()
+    _declare(store)
+    for _ in range(2):  # taking the shards and a commit in the same round: twice the range
+        _pull_changed(store, 0, 0, 0, 10, since=-1)
+    assert not errors
+    _pull_changed(store, 0, 0, 0, 10, since=-1)
+    assert errors and "asked for the changed rows of 30 rows in round 0, more than twice this server's 10" in errors[-1]
+
+
+def test_a_pull_of_changed_rows_of_a_past_round_is_refused():
+    store, replies, errors = _store()
+    _declare(store)
+    _push(store, 0, 1, [], [])
+    _push(store, 1, 1, [], [])
+    _pull_changed(store, 0, 0, 0, 10, since=-1)
+    assert errors and "as of round 0, the table is at round 1" in errors[-1]
+
+
+def test_an_elastic_tables_rounds_per_row_count_against_the_servers_byte_limit():
+    from pushpull.server.sparse import _rows_bytes
+
+    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4
+    assert _rows_bytes(100, 1, "sgd") == 100 * 4

@@ -5,7 +5,7 @@ import pytest
 
 from pushpull.transport.protocol import (
     HEADER_SIZE, Flags, Header, MsgType, ProtocolError, decode, dtype_code, dtype_name, is_answer, pack_batch,
-    unpack_batch,
+    VERSION, unpack_batch,
 )
 
 
@@ -21,7 +21,7 @@ def test_header_round_trip():
 @pytest.mark.parametrize("buf,match", [
     (b"short", "header is 5 bytes"),
     (b"\x00" * HEADER_SIZE, "bad magic"),
-    (Header(MsgType.PUSH).pack()[:2] + b"\x09" + Header(MsgType.PUSH).pack()[3:], "protocol version"),
+    (Header(MsgType.PUSH).pack()[:2] + bytes([VERSION + 1]) + Header(MsgType.PUSH).pack()[3:], "protocol version"),
     (Header(MsgType.PUSH).pack()[:3] + b"\xee" + Header(MsgType.PUSH).pack()[4:], "unknown message type"),
 ])
 def test_malformed_headers_raise_protocol_error(buf, match):
@@ -40,7 +40,7 @@ def test_is_answer_accepts_the_awaited_answer():
 @pytest.mark.parametrize("buf", [
     _answer(key=8), _answer(round=2), _answer(gen=1), _answer(flags=Flags.COMPRESSED),
     Header(MsgType.ERROR, key=7, round=3, gen=2).pack(), _answer()[:-1], b"\x00" * HEADER_SIZE,
-    _answer()[:2] + b"\x09" + _answer()[3:],
+    _answer()[:2] + bytes([VERSION + 1]) + _answer()[3:],
 ], ids=["other key", "other round", "older generation", "compressed", "error", "short", "bad magic", "version"])
 def test_is_answer_refuses_anything_else(buf):
     """Whatever it refuses goes through decode(), which raises, skips or reports it as before."""
