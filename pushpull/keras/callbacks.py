@@ -172,10 +172,21 @@ class DiLoCoCallback(keras.callbacks.Callback):
         self.diloco = None
 
     def on_train_begin(self, logs=None):
-        if self.diloco is None:  # a second fit() goes on with the same rounds
+        if keras.backend.backend() not in ("tensorflow", "torch"):
+            raise NotImplementedError(f"DiLoCoCallback supports the tensorflow and torch Keras backends, not "
+                                      f"{keras.backend.backend()!r} (its fit keeps the weights outside the variables)")
+        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        if spe > 1:  # the callback would see every spe-th batch: the rounds could not fall on their steps
+            raise ValueError(f"DiLoCoCallback needs steps_per_execution=1 (the model has {spe}): the outer rounds "
+                             f"fall between batches")
+        variables = list(self.model.trainable_variables)
+        if self.diloco is None:
             from pushpull.keras.diloco import DiLoCo
 
-            self.diloco = DiLoCo(self.model.trainable_variables, sync_every=self.sync_every, **self.kwargs)
+            self.diloco = DiLoCo(variables, sync_every=self.sync_every, **self.kwargs)
+        elif [id(v) for v in variables] != [id(v) for v in self.diloco.vars]:  # a second fit() goes on
+            raise ValueError("DiLoCoCallback: the model's trainable variables changed since the first fit() (a "
+                             "layer frozen or unfrozen, or another model): use a new callback")
 
     def on_train_batch_end(self, batch, logs=None):
         self.diloco.step()

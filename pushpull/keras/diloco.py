@@ -4,16 +4,16 @@ The same rounds as :class:`pushpull.torch.DiLoCo` (see it for why): each worker 
 its own optimizer alone, then pushes its pseudo-gradient (the global parameters minus its own) and the servers
 average them and take one outer step (:mod:`pushpull.outer`: SGD, Nesterov momentum 0.9, lr 0.7 by default) on
 the global parameters they hold; every worker takes the result. The variables cross as NumPy arrays through the
-framework-neutral job context, so no torch is needed, and Keras variables of any backend and ``tf.Variable``
-work alike.
+framework-neutral job context, so no torch is needed; ``tf.Variable`` and Keras variables on the tensorflow and
+torch backends work alike (not on JAX, where ``fit`` keeps the weights outside the variables).
 
     model.compile(optimizer=keras.optimizers.AdamW(4e-4), loss=...)       # the inner optimizer, not wrapped
     model.fit(x, y, callbacks=[pushpull.keras.callbacks.DiLoCoCallback(sync_every=100)])
 
 or, in a custom loop, ``diloco = DiLoCo(model.trainable_variables, sync_every=100)`` and ``diloco.step()`` after
 each of the inner optimizer's steps. Streaming's staggered fragments (``fragments`` F) are here; its overlap of
-an exchange with the following inner steps, and workers that come into a running job, are only in the PyTorch
-one (docs/diloco.md).
+an exchange with the following inner steps, and elastic jobs, are only in the PyTorch one: here a change of the
+workers during a round raises WorkersChanged (docs/diloco.md).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pushpull.worker.table import KeySpec
 from pushpull.worker.handle import PushPullError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_NAMES: dict[str, int] = {}  # DiLoCo names used in this process: a second one gets keys of its own
 
 
 def _numpy(v) -> np.ndarray:
@@ -48,15 +49,21 @@ class DiLoCo:
         self.vars = list(variables)
         if not self.vars:
             raise ValueError("DiLoCo needs at least one variable")
-        self.names = [f"{i}.{getattr(v, 'path', None) or v.name}" for i, v in enumerate(self.vars)]
-        for n, v in zip(self.names, self.vars):
-            if np.dtype(_numpy(v).dtype) not in _FLOATS:
-                raise TypeError(f"DiLoCo: variable {n!r} is {_numpy(v).dtype}; the outer step needs float32 or "
-                                f"float64 variables")
+        # the index makes a name unique (a Keras path holds per-process layer counters, which may differ by rank)
+        self.names = [f"{i}.{v.name}" for i, v in enumerate(self.vars)]
+        start = [_numpy(v) for v in self.vars]
+        for n, a in zip(self.names, start):
+            if a.dtype not in _FLOATS:
+                raise TypeError(f"DiLoCo: variable {n!r} is {a.dtype}; the outer step needs float32 or float64 "
+                                f"variables")
         if fragments > len(self.vars):
             raise ValueError(f"fragments ({fragments}) must not exceed the variables ({len(self.vars)})")
         self.fragments = _fragments([int(np.prod(v.shape)) for v in self.vars], fragments)
-        self.sync_every, self.name, self.compression = sync_every, name, compression
+        # every rank makes its DiLoCos in the same order: the n-th of a name has the same keys everywhere, and a
+        # second one (a second fit with a new callback) does not meet the first one's rounds on the servers
+        _NAMES[name] = _NAMES.get(name, 0) + 1
+        self.name = name if _NAMES[name] == 1 else f"{name}.{_NAMES[name]}"
+        self.sync_every, self.compression = sync_every, compression
         self.spec = KeySpec(kind="diloco", op="outer", meta=tuple(sorted(self.outer.items())))
         self.steps = 0   # inner steps taken
         self.rounds = 0  # outer rounds completed, of any fragment (the start counts one)
@@ -68,10 +75,10 @@ class DiLoCo:
             raise PushPullError(f"{name}: this worker came into a running job; the TensorFlow/Keras DiLoCo does not "
                                 f"take workers into a running job (pushpull.torch.DiLoCo does)")
         if _distributed():  # every worker starts from rank 0's variables (checked: the same set on every rank)
-            got = _bc.broadcast_checked([(n, _numpy(v)) for n, v in zip(self.names, self.vars)], 0, f"{name}.start.")
-            for v, arr in zip(self.vars, got):
+            start = _bc.broadcast_checked(list(zip(self.names, start)), 0, f"{self.name}.start.")
+            for v, arr in zip(self.vars, start):
                 v.assign(arr)
-        self._global = [_numpy(v) for v in self.vars]
+        self._global = [np.array(a, order="C") for a in start]
         self._round(list(range(len(self.vars))), start=True)  # the servers' global parameters: rank 0's
 
     def _round(self, idx: list[int], start: bool = False) -> None:

@@ -214,15 +214,7 @@ class SparseStore:
                     raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what} asks for {h.numel} rows, "
                                       f"{4 * h.numel * t.dim} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
                                       f"{self.cfg.max_message_bytes}")
-                ids = t.ids(msg.body_view(), h.numel, h.sender, what)
-                if t.pull_ready(h.round, h.sender):
-                    self._answer(identity, h.req_id, h.round, t, ids)
-                else:
-                    waits = t.waiting.setdefault(h.round, [])
-                    if len(waits) >= MAX_WAITING * self.num_workers:
-                        raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what}: {len(waits)} pulls "
-                                          f"of that round wait already ({MAX_WAITING} per worker at most)")
-                    waits.append((identity, h.sender, h.req_id, ids))
+                self._answer_or_wait(identity, h, t, t.ids(msg.body_view(), h.numel, h.sender, what), what)
         except (SparseError, ProtocolError) as e:
             self.error(identity, h.key, str(e), h.req_id)
 
@@ -311,15 +303,18 @@ class SparseStore:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the changed rows of {asked} rows "
                               f"in round {h.round}, more than twice this server's {t.hi - t.lo}")
         t.asked[h.sender] = (h.round, asked)
-        spec = ("changed", lo, hi, int(h.extra) - 1)
+        self._answer_or_wait(identity, h, t, ("changed", lo, hi, int(h.extra) - 1), "pull of changed rows")
+
+    def _answer_or_wait(self, identity: bytes, h: Header, t: SparseTable, what_rows, what: str) -> None:
+        """Answer a pull of round ``h.round`` now if it is applied, else once it is (a bounded wait list)."""
         if t.pull_ready(h.round, h.sender):
-            self._answer(identity, h.req_id, h.round, t, spec)
-        else:
-            waits = t.waiting.setdefault(h.round, [])
-            if len(waits) >= MAX_WAITING * self.num_workers:
-                raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows: {len(waits)} "
-                                  f"pulls of round {h.round} wait already ({MAX_WAITING} per worker at most)")
-            waits.append((identity, h.sender, h.req_id, spec))
+            self._answer(identity, h.req_id, h.round, t, what_rows)
+            return
+        waits = t.waiting.setdefault(h.round, [])
+        if len(waits) >= MAX_WAITING * self.num_workers:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what}: {len(waits)} pulls of round "
+                              f"{h.round} wait already ({MAX_WAITING} per worker at most)")
+        waits.append((identity, h.sender, h.req_id, what_rows))
 
     def owns(self, key: int) -> bool:
         return key in self.tables or key in self.pending

@@ -60,8 +60,8 @@ def test_keras_example_trains_under_launch_without_torch():
 
 
 def test_tensorflow_collectives_without_torch():
-    """The TensorFlow binding's collectives and Keras cases (tests/scripts/tf_worker.py); compression, whose
+    """The TensorFlow binding's collectives, Keras and DiLoCo cases (tests/scripts/tf_worker.py); compression, whose
     codecs are written in torch, raises an error that says so."""
-    out = _launch(2, 1, [str(ROOT / "tests" / "scripts" / "tf_worker.py"), "collectives", "keras", "graph"])
+    out = _launch(2, 1, [str(ROOT / "tests" / "scripts" / "tf_worker.py"), "collectives", "keras", "graph", "diloco"])
     assert "FAIL" not in out, out[-5000:]
     assert out.count("ALL-OK") == 2, out[-5000:]

@@ -48,8 +48,8 @@ def test_tensorflow_api_under_launcher():
 
 def test_keras_torch_backend_under_launcher():
     """KERAS_BACKEND=torch: the same Keras script, gradients straight into pushpull.torch's engine."""
-    assert_ok(launch(2, 1, [sys.executable, WORKER, "keras", "warmup"], env={"KERAS_BACKEND": "torch"}), 2,
-              ("keras", "warmup"))
+    assert_ok(launch(2, 1, [sys.executable, WORKER, "keras", "warmup", "diloco"], env={"KERAS_BACKEND": "torch"}), 2,
+              ("keras", "warmup", "diloco"))
 
 
 def test_tensorflow_api_single_process_mode():
