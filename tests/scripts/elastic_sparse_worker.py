@@ -30,6 +30,9 @@ class Net(torch.nn.Module):
         self.sgd = bps.SparseEmbedding(ROWS, DIM, name="es.sgd", lr=LR, weight=start)
         self.ada = bps.SparseEmbedding(ROWS, DIM, name="es.ada", optimizer="adagrad", lr=LR, weight=start,
                                        initial_accumulator_value=0.1)
+        # a dense parameter under DistributedOptimizer (lr 0: it stays 1): a change can interrupt a step after its
+        # lookups, in the dense push_pull, and the interrupted step's sparse gradients must not be pushed later
+        self.scale = torch.nn.Parameter(torch.ones(1))
 
 
 def batch(t: int):
@@ -40,7 +43,8 @@ def batch(t: int):
 
 net = Net()
 killed = []
-state = bps.elastic.TorchState(net, None, step=0, sizes=[])
+opt = bps.DistributedOptimizer(torch.optim.SGD([net.scale], lr=0.0), named_parameters=[("scale", net.scale)])
+state = bps.elastic.TorchState(net, opt, step=0, sizes=[])
 
 
 @bps.elastic.run
@@ -55,8 +59,10 @@ def train(state):
             killed.append(t)  # outside the state: the step is taken again after the change, the kill is not
             kill_a_server(bps.config().root_port)
         ids, coef = batch(t)
-        loss = (net.sgd(ids) * coef).sum() + (net.ada(ids) * coef).sum()
+        loss = net.scale * ((net.sgd(ids) * coef).sum() + (net.ada(ids) * coef).sum())
+        opt.zero_grad()
         loss.backward()
+        opt.step()
         net.sgd.step()
         net.ada.step()
         state.step += 1
