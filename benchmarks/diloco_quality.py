@@ -250,6 +250,7 @@ def main(argv=None) -> int:
     text = report(args, results)
     print(text)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
         Path(args.out).with_suffix(".json").write_text(json.dumps({"args": vars(args), "results": results},
                                                                    indent=1))
