@@ -71,7 +71,7 @@ class SparseTable:
     error: str | None = None  # a round that could not be applied: every later request gets this
     touched: np.ndarray | None = field(init=False, default=None)  # elastic: per row, the round that last changed
     #                                     it (0: none since the load)
-    asked: dict = field(default_factory=dict)  # elastic: rank -> (round, rows asked of the changed ones in it)
+    answered: dict = field(default_factory=dict)  # elastic: rank -> (round, changed rows answered it in it)
     stats: dict = field(default_factory=lambda: {"rows_pushed": 0, "rows_pulled": 0, "rounds": 0})
 
     def __post_init__(self) -> None:
@@ -294,16 +294,7 @@ class SparseStore:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows [{lo}, {hi}) could "
                               f"need {(hi - lo) * per_row} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
                               f"{self.cfg.max_message_bytes}")
-        # a worker asks for the rows of its shards when it takes them (the start, after a change) and at each
-        # commit, which may fall in the same round: at most twice this server's range per round, so a 16-byte
-        # request cannot be repeated into answers without bound
-        rnd, asked = t.asked.get(h.sender, (h.round, 0))
-        asked = (asked if rnd == h.round else 0) + hi - lo
-        if asked > 2 * (t.hi - t.lo):
-            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the changed rows of {asked} rows "
-                              f"in round {h.round}, more than twice this server's {t.hi - t.lo}")
-        t.asked[h.sender] = (h.round, asked)
-        self._answer_or_wait(identity, h, t, ("changed", lo, hi, int(h.extra) - 1), "pull of changed rows")
+        self._answer_or_wait(identity, h, t, ("changed", lo, hi, int(h.extra) - 1, h.sender), "pull of changed rows")
 
     def _answer_or_wait(self, identity: bytes, h: Header, t: SparseTable, what_rows, what: str) -> None:
         """Answer a pull of round ``h.round`` now if it is applied, else once it is (a bounded wait list)."""
@@ -397,11 +388,21 @@ class SparseStore:
                 self._answer(ident, req_id, rnd, t, ids)
 
     def _answer(self, identity: bytes, req_id: int, rnd: int, t: SparseTable, ids) -> None:
-        """The rows ``ids`` after round ``rnd``; or, for a ("changed", lo, hi, since) pull, the ids of the rows
+        """The rows ``ids`` after round ``rnd``; or, for a ("changed", lo, hi, since, rank) pull, the ids of the rows
         changed since, their values and (Adagrad) their accumulators."""
         if isinstance(ids, tuple):
-            _, lo, hi, since = ids
+            _, lo, hi, since, rank = ids
             got = t.changed(lo, hi, since)
+            # a worker takes its shards' rows whole once per change (or at the start) and then only the rows changed
+            # between two commits: at most twice this server's range per round, so a 16-byte request cannot be
+            # repeated into answers without bound
+            was, count = t.answered.get(rank, (rnd, 0))
+            count = (count if was == rnd else 0) + len(got)
+            if count > 2 * (t.hi - t.lo):
+                self.error(identity, t.key, f"sparse table {t.name!r}: rank {rank} asked for {count} changed rows in "
+                                            f"round {rnd}, more than twice this server's {t.hi - t.lo}", req_id)
+                return
+            t.answered[rank] = (rnd, count)
             rows = t.read(got)
             frames = [got, rows] + ([t.accum[got - t.lo]] if t.accum is not None else [])
             self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,

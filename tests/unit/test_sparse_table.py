@@ -191,11 +191,14 @@ def test_a_pull_of_changed_rows_of_a_table_outside_an_elastic_job_is_refused():
 def test_changed_rows_cannot_be_asked_again_and_again_in_one_round():
     store, replies, errors = _store()
     _declare(store)
-    for _ in range(2):  # taking the shards and a commit in the same round: twice the range
-        _pull_changed(store, 0, 0, 0, 10, since=-1)
+    for _ in range(2):  # a worker takes its shards whole (10 rows), then commits twice in the same round (none)
+        _pull_changed(store, 0, 0, 0, 10, since=-1 if not _ else 0)
+    _pull_changed(store, 0, 0, 0, 10, since=0)
+    assert not errors
+    _pull_changed(store, 0, 0, 0, 10, since=-1)  # 20 rows: twice the range, still answered
     assert not errors
     _pull_changed(store, 0, 0, 0, 10, since=-1)
-    assert errors and "asked for the changed rows of 30 rows in round 0, more than twice this server's 10" in errors[-1]
+    assert errors and "rank 0 asked for 30 changed rows in round 0, more than twice this server's 10" in errors[-1]
 
 
 def test_a_pull_of_changed_rows_of_a_past_round_is_refused():
