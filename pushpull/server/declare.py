@@ -20,7 +20,7 @@ from pushpull.server.keystate import KeyState
 from pushpull.server.reduce import ACC_NP
 from pushpull.server.members import Members
 from pushpull.transport import shm
-from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, dtype_name, encode_json
+from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, dtype_name, encode_json, frame_view
 
 # keys up to this size are summed on the I/O thread even with engine threads: queueing a push for
 # another thread and waking it costs more than adding a few thousand numbers
@@ -262,7 +262,7 @@ def _seed(spec, frames: list, decl: dict) -> tuple | None:
         raise ValueError(f"{len(frames)} frame(s), {1 + has_momentum} expected")
     arrays = []
     for f in frames:
-        buf = f.buffer if hasattr(f, "buffer") else memoryview(f)
+        buf = frame_view(f)
         if buf.nbytes != decl["numel"] * acc.itemsize:
             raise ValueError(f"{buf.nbytes} bytes, {decl['numel']} x {acc.itemsize} expected")
         arrays.append(np.frombuffer(buf, dtype=acc).copy())

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, encode_json,
+    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, encode_json, frame_view,
 )
 
 FLOAT32 = dtype_code("float32")
@@ -364,10 +364,10 @@ class SparseStore:
                               f"expected {' or '.join(map(str, frames))} (row ids, rows"
                               f"{', accumulators' if len(frames) > 1 else ''})")
         what = "load" if loading else f"push of round {h.round}"
-        ids = t.ids(_view(msg.frames[0]), h.numel, h.sender, what)
-        vals = t.values(_view(msg.frames[1]), h.numel, h.dtype, h.sender, what)
+        ids = t.ids(frame_view(msg.frames[0]), h.numel, h.sender, what)
+        vals = t.values(frame_view(msg.frames[1]), h.numel, h.dtype, h.sender, what)
         if loading:
-            accum = t.values(_view(msg.frames[2]), h.numel, h.dtype, h.sender, "load's accumulators") \
+            accum = t.values(frame_view(msg.frames[2]), h.numel, h.dtype, h.sender, "load's accumulators") \
                 if len(msg.frames) == 3 else None
             t.set_rows(ids, vals, accum)
             self.reply(identity, Header(MsgType.SPARSE_ACK, key=h.key, round=h.round, req_id=h.req_id))
@@ -412,6 +412,3 @@ class SparseStore:
         self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,
                                     numel=len(ids), nbytes=rows.nbytes), [rows])
 
-
-def _view(frame) -> memoryview:
-    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)

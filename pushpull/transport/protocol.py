@@ -202,8 +202,12 @@ class Msg:
 
     def body_view(self) -> memoryview:
         """The body's bytes without a copy (a received zmq.Frame, bytes, or a view of a batch)."""
-        frame = self.body()
-        return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        return frame_view(self.body())
+
+
+def frame_view(frame) -> memoryview:
+    """A frame's bytes without a copy: a received zmq.Frame's buffer, or a view of bytes or an array."""
+    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
 def decode(frames: list) -> Msg:

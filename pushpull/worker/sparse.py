@@ -27,7 +27,8 @@ import numpy as np
 import zmq
 
 from pushpull.transport.protocol import (
-    Flags, Header, MsgType, ProtocolError, decode, decode_json, dtype_code, encode_json, f32_bits, unpack_batch,
+    Flags, Header, MsgType, ProtocolError, decode, decode_json, dtype_code, encode_json, f32_bits, frame_view,
+    unpack_batch,
 )
 from pushpull.worker.direct import LIVENESS_S, DirectPath
 from pushpull.worker.handle import PushPullError, WorkersChanged
@@ -204,8 +205,8 @@ class SparseClient:
             m = self._recv(j, MsgType.SPARSE_ROWS, self.round, f"the pull of round {self.round}")
             buf = m.body_view()
             if len(buf) != 4 * (hi - lo) * self.dim:
-                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered {len(buf)} bytes for "
-                                    f"{hi - lo} rows of {self.dim} float32")
+                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered {len(buf)} bytes "
+                                    f"for {hi - lo} rows of {self.dim} float32")
             out[lo:hi] = np.frombuffer(buf, dtype="<f4").reshape(hi - lo, self.dim)
             self.stats["bytes_pulled"] += len(buf)
         self.stats["rows_pulled"] += len(ids)
@@ -247,7 +248,7 @@ class SparseClient:
             if not m.header.flags & Flags.CHANGED or len(m.frames) != want:
                 raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered a pull of changed "
                                     f"rows with {len(m.frames)} frames, expected {want}")
-            got = [np.frombuffer(_frame(f), dtype=d) for f, d in zip(m.frames, ("<i8", "<f4", "<f4"))]
+            got = [np.frombuffer(frame_view(f), dtype=d) for f, d in zip(m.frames, ("<i8", "<f4", "<f4"))]
             if len(got[0]) != n or any(len(g) != n * self.dim for g in got[1:]):
                 raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]}'s changed rows do not "
                                     f"match their count ({n})")
@@ -255,7 +256,7 @@ class SparseClient:
             rows.append(got[1].reshape(n, self.dim))
             if adagrad:
                 accs.append(got[2].reshape(n, self.dim))
-            self.stats["bytes_pulled"] += sum(memoryview(_frame(f)).nbytes for f in m.frames)
+            self.stats["bytes_pulled"] += sum(frame_view(f).nbytes for f in m.frames)
         return (np.concatenate(ids), np.concatenate(rows),
                 np.concatenate(accs) if adagrad else None)
 
@@ -268,8 +269,8 @@ class SparseClient:
         for j, sl in self._split(ids):
             n = sl.stop - sl.start
             if not chunked and n > per_message:
-                raise PushPullError(f"sparse table {self.name!r}: {n} rows for server {j} in one step, more than a "
-                                    f"message holds ({per_message} rows; PUSHPULL_MAX_MESSAGE_BYTES)")
+                raise PushPullError(f"sparse table {self.name!r}: {n} rows for server {self.owners[j]} in one step, "
+                                    f"more than a message holds ({per_message} rows; PUSHPULL_MAX_MESSAGE_BYTES)")
             step = per_message if chunked else max(n, 1)
             for lo in range(sl.start, max(sl.stop, sl.start + 1), step):
                 hi = min(sl.stop, lo + step)
@@ -286,6 +287,3 @@ class SparseClient:
             while self.unacked[j]:
                 self._recv(j, MsgType.SPARSE_ACK, None, "a push's acknowledgement")
 
-
-def _frame(f) -> memoryview:
-    return f.buffer if hasattr(f, "buffer") else memoryview(f)
