@@ -71,7 +71,7 @@ class SparseTable:
     error: str | None = None  # a round that could not be applied: every later request gets this
     touched: np.ndarray | None = field(init=False, default=None)  # elastic: per row, the round that last changed
     #                                     it (0: none since the load)
-    answered: dict = field(default_factory=dict)  # elastic: rank -> (round, changed rows answered it in it)
+    answered: dict = field(default_factory=dict)  # elastic: rank -> (round, changed rows answered to it then)
     stats: dict = field(default_factory=lambda: {"rows_pushed": 0, "rows_pulled": 0, "rounds": 0})
 
     def __post_init__(self) -> None:
