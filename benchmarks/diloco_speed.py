@@ -157,13 +157,7 @@ def main(argv=None) -> int:
                              env={"OMP_NUM_THREADS": "1", "PUSHPULL_TIMEOUT": "300"})
             job.wait(1800)
             emulated = cl.emulated
-            results = []
-            for w in range(WORKERS):
-                out = job[f"worker{w}"].tail(1_000_000)
-                line = next((ln for ln in out.splitlines() if "RESULT " in ln), None)
-                if line is None:
-                    raise SystemExit(f"worker {w} printed no result:\n{out[-3000:]}")
-                results.append(json.loads(line[line.index("RESULT ") + 7:]))
+            results = [job[f"worker{w}"].result() for w in range(WORKERS)]
         cells.append({"rate": rate, "delay": delay, "rate_Bps": rate_bytes(rate) if emulated else None,
                       "workers": results, "wall_s": time.monotonic() - t0})
     text = report(args, cells)

@@ -153,10 +153,7 @@ def main(argv=None) -> int:
                          env={"OMP_NUM_THREADS": "1", "PUSHPULL_TIMEOUT": "300", "PUSHPULL_MIN_WORKERS": "2"})
         job.wait(1800)
         emulated = cluster.emulated
-        results = []
-        for w in ("worker0", "worker1"):
-            line = next(ln for ln in job[w].tail(1_000_000).splitlines() if "RESULT " in ln)
-            results.append(json.loads(line[line.index("RESULT ") + 7:]))
+        results = [job[w].result() for w in ("worker0", "worker1")]
     wall = time.monotonic() - t0
     text = report(args, results, rate_bytes(args.rate) if emulated else None, wall)
     print(text)

@@ -122,10 +122,7 @@ def main(argv=None) -> int:
                          env={"OMP_NUM_THREADS": "1", "PUSHPULL_TIMEOUT": "300"})
         job.wait(args.dense_steps * 120 + 600)
         emulated = cluster.emulated
-        results = []
-        for w in ("worker0", "worker1"):
-            line = next(ln for ln in job[w].tail(1_000_000).splitlines() if "RESULT " in ln)
-            results.append(json.loads(line[line.index("RESULT ") + 7:]))
+        results = [job[w].result() for w in ("worker0", "worker1")]
     wall = time.monotonic() - t0
     rate_Bps = rate_bytes(args.rate) if emulated else None
     text = report(args, results, rate_Bps, wall)

@@ -12,6 +12,7 @@ goes to ``<log_dir>/<label>.log``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -52,6 +53,15 @@ class Proc:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:
             return ""
+
+    def result(self, marker: str = "RESULT ") -> dict:
+        """The JSON a benchmark's worker printed after ``marker`` (its first such line); SystemExit with the end of
+        its log if it printed none."""
+        out = self.tail(1_000_000)
+        line = next((ln for ln in out.splitlines() if marker in ln), None)
+        if line is None:
+            raise SystemExit(f"{self.label} printed no result:\n{out[-3000:]}")
+        return json.loads(line[line.index(marker) + len(marker):])
 
 
 @dataclass
