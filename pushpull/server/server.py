@@ -46,7 +46,7 @@ from pushpull.transport.van import BesideLane, Van
 log = logging.getLogger(__name__)
 
 SOCK = "workers"
-_SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL)
+_SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL, MsgType.SPARSE_COPY)
 _DEADLINE = object()  # an engine-queue item: check this outer key's round deadline (on the key's own thread)
 _FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, *_SPARSE)
 _PUSH_PULL = (MsgType.PUSH, MsgType.PULL)

@@ -21,9 +21,12 @@ Everything runs on the server's I/O thread: a step's rows are a few MB, and one 
 
 In an elastic job the workers keep a copy of the table as of their last commit (pushpull.torch.SparseEmbedding):
 each row remembers the round that last changed it, so a commit asks only for the rows changed since the
-previous one (SPARSE_PULL with Flags.CHANGED). A change of the workers or of the servers drops every table
-here (:meth:`SparseStore.drop_all`); the workers declare it again in the new layout and load it from their
-copies, so a lost server's rows come back from the workers, and no round is lost or applied twice.
+previous one. The commit's copy streams while training goes on (SPARSE_COPY): the table keeps the rows as
+of the commit's round (:class:`Snapshot`, copy on write: a row is kept the first time a later round changes
+it) until every worker has read its ranges, a few per step, in the direction a step's push leaves idle. A
+change of the workers or of the servers drops every table here (:meth:`SparseStore.drop_all`); the workers
+declare it again in the new layout and load it from their copies, so a lost server's rows come back from the
+workers, and no round is lost or applied twice.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pushpull.transport.protocol import (
-    Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code, encode_json, frame_view,
+    COPY_CLOSE, COPY_OPEN, COPY_READ, Flags, Header, Msg, MsgType, ProtocolError, bits_f32, decode_json, dtype_code,
+    encode_json, frame_view,
 )
 
 FLOAT32 = dtype_code("float32")
@@ -48,8 +52,54 @@ class SparseError(ValueError):
 
 
 def _rows_bytes(rows: int, dim: int, optimizer: str, elastic: bool = False) -> int:
-    """What a range of a table holds here: its rows, Adagrad's accumulators, an elastic table's round per row."""
-    return rows * dim * 4 * (2 if optimizer == "adagrad" else 1) + (4 * rows if elastic else 0)
+    """What a range of a table may hold here: its rows and Adagrad's accumulators; an elastic table also a round
+    per row, and room for a commit's snapshot (at most every row once more, with its round)."""
+    held = rows * dim * 4 * (2 if optimizer == "adagrad" else 1)
+    if not elastic:
+        return held
+    # per row: its round (4); in a snapshot, at most once: its values, id (8), round (4) and kept flag (1)
+    return held + 4 * rows + held + 13 * rows
+
+
+class Snapshot:
+    """The rows of a range as of round ``round`` while later rounds change them, for a commit's copy that the
+    workers read over many steps. Copy on write: before a round after ``round`` changes a row for the first
+    time, its value (Adagrad accumulator, last round) is kept here; a row never changed since is read from the
+    table itself. So it holds only the rows changed while the copy streams, at most the range once."""
+
+    def __init__(self, rnd: int, rows: int):
+        self.round = rnd
+        self.kept = np.zeros(rows, dtype=bool)  # per local row: its value as of ``round`` is in a block
+        self.blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []  # (rows, w, acc, rnd)
+        self.opened: set[int] = set()  # ranks that opened it
+        self.closed: set[int] = set()  # ranks done reading it
+        self.answered: dict[int, int] = {}  # rank -> changed rows answered (at most the range: each row once)
+
+    def keep(self, rows: np.ndarray, t: "SparseTable") -> None:
+        """Rows (local, unique) a round after ``round`` is about to change."""
+        new = rows[~self.kept[rows]]
+        if len(new):
+            self.kept[new] = True
+            self.blocks.append((new, t.weight[new], t.accum[new] if t.accum is not None else None,
+                                t.touched[new]))  # fancy indexing copies
+
+    def read(self, t: "SparseTable", lo: int, hi: int, since: int):
+        """(ids, rows, accumulators or None) of the rows in [lo, hi) that a round in (since, ``round``] changed,
+        as they were after ``round``."""
+        a, b = lo - t.lo, hi - t.lo
+        touched = t.touched[a:b].copy()
+        w = t.weight[a:b].copy()
+        acc = t.accum[a:b].copy() if t.accum is not None else None
+        if self.kept[a:b].any():
+            for rows, bw, bacc, brnd in self.blocks:
+                sel = (rows >= a) & (rows < b)
+                if sel.any():
+                    at = rows[sel] - a
+                    touched[at], w[at] = brnd[sel], bw[sel]
+                    if acc is not None:
+                        acc[at] = bacc[sel]
+        changed = np.flatnonzero(touched > since) if since >= 0 else np.arange(b - a)
+        return (changed + lo).astype(np.int64), w[changed], (acc[changed] if acc is not None else None)
 
 
 @dataclass
@@ -72,6 +122,7 @@ class SparseTable:
     touched: np.ndarray | None = field(init=False, default=None)  # elastic: per row, the round that last changed
     #                                     it (0: none since the load)
     answered: dict = field(default_factory=dict)  # elastic: rank -> (round, changed rows answered to it then)
+    snapshot: Snapshot | None = None  # elastic: a commit's copy being read by the workers
     stats: dict = field(default_factory=lambda: {"rows_pushed": 0, "rows_pulled": 0, "rounds": 0})
 
     def __post_init__(self) -> None:
@@ -158,6 +209,8 @@ class SparseTable:
         rows = ids[starts] - self.lo
         g = np.add.reduceat(grads, starts, axis=0) if len(starts) < len(ids) else grads.copy()
         g *= np.float32(1.0 / self.num_workers)  # the average, as DistributedOptimizer's push_pull
+        if self.snapshot is not None and self.applied >= self.snapshot.round:  # a commit's copy still reads them
+            self.snapshot.keep(rows, self)
         if self.accum is None:  # SGD: w -= lr * g
             self.weight[rows] -= lr * g
         else:  # Adagrad (torch.optim.Adagrad without decay): acc += g^2; w -= lr * g / (sqrt(acc) + eps)
@@ -206,6 +259,8 @@ class SparseStore:
                 raise SparseError(t.error)
             if h.type == MsgType.SPARSE_PUSH:
                 self._push(identity, msg, t)
+            elif h.type == MsgType.SPARSE_COPY:
+                self._copy(identity, msg, t)
             elif h.type == MsgType.SPARSE_PULL and h.flags & Flags.CHANGED:
                 self._pull_changed(identity, msg, t)
             elif h.type == MsgType.SPARSE_PULL:
@@ -295,6 +350,48 @@ class SparseStore:
                               f"need {(hi - lo) * per_row} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
                               f"{self.cfg.max_message_bytes}")
         self._answer_or_wait(identity, h, t, ("changed", lo, hi, int(h.extra) - 1, h.sender), "pull of changed rows")
+
+    def _copy(self, identity: bytes, msg: Msg, t: SparseTable) -> None:
+        """A step of a commit's copy of round ``h.round`` (protocol COPY_*): open it (the first rank to do so makes
+        the snapshot: every rank opens it before it pushes the next round, so no later round is applied before),
+        read a range of it (answered once the round is applied), close it (forgotten once every rank did)."""
+        h = msg.header
+        if t.touched is None:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for a commit's copy of a table declared "
+                              f"outside an elastic job")
+        snap = t.snapshot
+        if h.numel == COPY_OPEN:
+            if snap is None:
+                if h.round < t.applied:
+                    raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round}, the "
+                                      f"table is at round {t.applied} already")
+                snap = t.snapshot = Snapshot(h.round, t.hi - t.lo)
+            elif snap.round != h.round:
+                raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round} while the "
+                                  f"copy of round {snap.round} is open (rank(s) "
+                                  f"{sorted(set(range(t.num_workers)) - snap.closed)} have not closed it)")
+            snap.opened.add(h.sender)
+            return
+        if snap is None or snap.round != h.round or h.sender not in snap.opened or h.sender in snap.closed:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} read or closed a copy of round {h.round} it "
+                              f"has not open (open: {'none' if snap is None else f'round {snap.round}'})")
+        if h.numel == COPY_CLOSE:
+            self._answer_or_wait(identity, h, t, ("close", h.sender), "close of a copy")
+            return
+        if h.numel != COPY_READ:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} sent copy step {h.numel} (known: "
+                              f"{COPY_OPEN} open, {COPY_READ} read, {COPY_CLOSE} close)")
+        buf = msg.body_view()
+        if len(buf) != 16:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s read of a copy has {len(buf)} bytes, "
+                              f"expected 16 (the range)")
+        lo, hi = (int(x) for x in np.frombuffer(buf, dtype="<i8"))
+        per_row = 8 + 4 * t.dim * (2 if t.accum is not None else 1)
+        if not t.lo <= lo <= hi <= t.hi or (hi - lo) * per_row > self.cfg.max_message_bytes:
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} read rows [{lo}, {hi}) of a copy: this server "
+                              f"holds [{t.lo}, {t.hi}), and an answer holds at most "
+                              f"{self.cfg.max_message_bytes // per_row} rows (PUSHPULL_MAX_MESSAGE_BYTES)")
+        self._answer_or_wait(identity, h, t, ("copy", lo, hi, int(h.extra) - 1, h.sender), "read of a copy")
 
     def _answer_or_wait(self, identity: bytes, h: Header, t: SparseTable, what_rows, what: str) -> None:
         """Answer a pull of round ``h.round`` now if it is applied, else once it is (a bounded wait list)."""
@@ -390,6 +487,30 @@ class SparseStore:
     def _answer(self, identity: bytes, req_id: int, rnd: int, t: SparseTable, ids) -> None:
         """The rows ``ids`` after round ``rnd``; or, for a ("changed", lo, hi, since, rank) pull, the ids of the rows
         changed since, their values and (Adagrad) their accumulators."""
+        if isinstance(ids, tuple) and ids[0] == "close":
+            snap, rank = t.snapshot, ids[1]
+            snap.closed.add(rank)
+            if snap.closed >= set(range(t.num_workers)):
+                t.snapshot = None
+            self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,
+                                        flags=Flags.CHANGED), [np.empty(0, np.int64), np.empty(0, np.float32)] +
+                       ([np.empty(0, np.float32)] if t.accum is not None else []))
+            return
+        if isinstance(ids, tuple) and ids[0] == "copy":
+            _, lo, hi, since, rank = ids
+            snap = t.snapshot
+            got, rows, acc = snap.read(t, lo, hi, since)
+            count = snap.answered.get(rank, 0) + len(got)
+            if count > t.hi - t.lo:  # each row once per copy: a 16-byte request cannot be repeated without bound
+                self.error(identity, t.key, f"sparse table {t.name!r}: rank {rank} read {count} rows of the copy of "
+                                            f"round {rnd}, more than this server's {t.hi - t.lo}", req_id)
+                return
+            snap.answered[rank] = count
+            t.stats["rows_pulled"] += len(got)
+            self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,
+                                        numel=len(got), nbytes=rows.nbytes, flags=Flags.CHANGED),
+                       [got, rows] + ([acc] if acc is not None else []))
+            return
         if isinstance(ids, tuple):
             _, lo, hi, since, rank = ids
             got = t.changed(lo, hi, since)

@@ -79,14 +79,21 @@ class State:
         self._callbacks.extend(callbacks)
 
     def commit(self) -> None:
-        self._save()
+        self._promote(self._copy())
+
+    def _copy(self) -> dict:
+        """A copy of the state as it is now."""
+        return {"values": copy.deepcopy(self._values)}
+
+    def _promote(self, kept: dict) -> None:
+        """Make ``kept`` (a :meth:`_copy`) the last commit: the one restore() goes back to, counted, on disk."""
+        self._install(kept)
         self.__dict__["_commits"] += 1
         if self._keeper is not None:
             self._keeper.save(self._commits, self._fingerprint(), self._payload())
 
-    def _save(self) -> None:
-        """Keep a copy of the state in memory (restore() goes back to it)."""
-        self.__dict__["_saved"] = copy.deepcopy(self._values)
+    def _install(self, kept: dict) -> None:
+        self.__dict__["_saved"] = kept["values"]
 
     def _payload(self) -> dict:
         """The last commit, as it goes to disk."""
@@ -123,7 +130,9 @@ class TorchState(State):
     """A model's parameters and buffers and an optimizer's state, besides named values. The optimizer's
     step in progress is dropped on a reset (``DistributedOptimizer.reset``). The model's
     :class:`pushpull.torch.SparseEmbedding` tables are committed and restored with it: their rows live on the
-    servers, and the workers keep a copy as of the last commit (docs/sparse.md)."""
+    servers, and the workers keep a copy as of the last commit (docs/sparse.md). That copy streams over the
+    PUSHPULL_SPARSE_COPY_STEPS steps after ``commit()``; the commit is the one a change goes back to once it is
+    complete (until then, the one before)."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **values):
@@ -132,29 +141,65 @@ class TorchState(State):
         object.__setattr__(self, "optimizer", optimizer)
         object.__setattr__(self, "_model_saved", None)
         object.__setattr__(self, "_opt_saved", None)
-        self._save_torch()
+        object.__setattr__(self, "_pending", None)  # a commit whose sparse tables' copies stream: (copy, tables)
+        self._install(self._copy())
 
-    def _save_torch(self) -> None:
+    def _copy(self) -> dict:
+        kept = super()._copy()
         if self.model is not None:
-            self.__dict__["_model_saved"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            kept["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         if self.optimizer is not None:
-            self.__dict__["_opt_saved"] = copy.deepcopy(self.optimizer.state_dict())
+            kept["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        return kept
+
+    def _install(self, kept: dict) -> None:
+        super()._install(kept)
+        self.__dict__["_model_saved"] = kept.get("model")
+        self.__dict__["_opt_saved"] = kept.get("optimizer")
 
     def _sparse(self) -> list:
         from pushpull.torch.sparse import SparseEmbedding
 
         return [m for m in self.model.modules() if isinstance(m, SparseEmbedding)] if self.model is not None else []
 
-    def _save(self) -> None:
+    def commit(self) -> None:
+        """Keep a copy of the state; with sparse tables whose rows changed since the last commit, it becomes the
+        last commit once every worker's copy of their changed rows has streamed in (class docstring)."""
         tables = [m for m in self._sparse() if m.elastic]
-        if tables:  # each worker fetches its shards' changed rows; every copy takes them once all have
-            for m in tables:
-                m.commit(self._commits + 1)
-            ops.push_pull(torch.zeros(1), average=False, name="elastic.sparse.committed")
+        if not tables:
+            return super().commit()
+        self._copied()  # the commit before, if its tables' copies still stream: now, and it is the last one
+        kept = self._copy()
+        streaming = [m for m in tables if m.commit(self._commits + 1)]  # every worker gets the same list
+        if not streaming:  # no round since the last commit: the copies are this one's already
             for m in tables:
                 m.committed()
-        super()._save()
-        self._save_torch()
+            return self._promote(kept)
+        self.__dict__["_pending"] = (kept, tables)
+        for m in streaming:
+            m.on_copied = self._table_copied
+        if not ops.engine().cfg.sparse_copy_steps:
+            self._copied()
+
+    def _table_copied(self, table) -> None:
+        """A table's step ended its copy's steps: the commit's copies end once every table's has (the tables
+        step in the same order on every worker, so every worker gets here at the same step)."""
+        if self._pending is not None and all(m.copy_steps_done() for m in self._pending[1]):
+            self._copied()
+
+    def _copied(self) -> None:
+        """Read the rest of the pending commit's copies; once every worker has (a barrier), every copy takes its
+        rows and the commit becomes the last one."""
+        if self._pending is None:
+            return
+        kept, tables = self._pending
+        for m in tables:
+            m.finish_copy()
+        ops.push_pull(torch.zeros(1), average=False, name="elastic.sparse.committed")
+        for m in tables:
+            m.committed()
+        self.__dict__["_pending"] = None
+        self._promote(kept)
 
     def _payload(self) -> dict:
         return {"values": self._saved, "model": self._model_saved, "optimizer": self._opt_saved}
@@ -170,9 +215,13 @@ class TorchState(State):
             self.model.load_state_dict(payload["model"])
         if self.optimizer is not None and payload.get("optimizer") is not None:
             self.optimizer.load_state_dict(payload["optimizer"])
-        self._save_torch()
+        self._install(self._copy())
 
     def restore(self) -> None:
+        """Back to the last commit (a commit whose copies were still streaming is not it: it is dropped)."""
+        self.__dict__["_pending"] = None
+        for m in self._sparse():
+            m.drop_copy()
         super().restore()
         if self.model is not None and self._model_saved is not None:
             self.model.load_state_dict(self._model_saved)

@@ -20,7 +20,9 @@ nothing but still completes the round). The learning rate is ``emb.lr`` (change 
 Elastic jobs (PUSHPULL_MIN_WORKERS): the workers keep the table as of their last commit, cut into
 ``size()`` shards of rows, each shard on two workers (rank r holds shards r and r + 1), and a commit
 (``elastic.TorchState.commit`` with the module in the state's model) fetches only the rows changed since
-the previous one. A change of the workers or of the servers drops the table on the servers; ``elastic.run``
+the previous one, streamed over the next PUSHPULL_SPARSE_COPY_STEPS steps from the servers' snapshot of
+the commit's round (the commit counts once they are all in). A change of the workers or of the servers
+drops the table on the servers; ``elastic.run``
 then declares it again over the servers alive and loads every shard from a worker holding it at the
 commit the job goes back to, so the table, like the model, is the last commit's: nothing lost with a
 server, no round applied twice. Losing both holders of a shard at once is an error naming the rows.
@@ -87,6 +89,9 @@ class SparseEmbedding(torch.nn.Module):
         self.elastic = bool(eng.cfg.min_workers)
         self._copy: _Copy | None = None
         self._delta: _Copy | None = None
+        self._copying: int | None = None  # the commit whose changed rows stream in (client.stream)
+        self._copy_steps = 0  # steps since that commit
+        self.on_copied = None  # called (with this table) at the step that ends the copy's steps (TorchState's)
         self.resumes = 0  # times the table was loaded again after a change of the job
         if eng.joined_late:  # a worker that came into the running job: elastic.run's sync loads the table
             return
@@ -129,6 +134,14 @@ class SparseEmbedding(torch.nn.Module):
             self.client.push(ids[0].numpy(), grads[0].contiguous().numpy(), self.lr)
         else:
             self.client.push(np.empty(0, np.int64), np.empty((0, self.embedding_dim), np.float32), self.lr)
+        stream = self.client.stream
+        if stream is not None:  # a commit's copy: a share of it comes down while this push goes up
+            steps = ops.engine().cfg.sparse_copy_steps
+            self._copy_steps += 1
+            held = sum(hi - lo for lo, hi, _, _ in self._copy.ranges)
+            stream.advance(max(len(ids[0]) if ids else 0, -(-held // max(steps, 1))))
+            if self._copy_steps >= steps and self.on_copied is not None:
+                self.on_copied(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the lookups since the last step (their gradients are not pushed)."""
@@ -156,16 +169,43 @@ class SparseEmbedding(torch.nn.Module):
             ranges.append((lo, hi, rows.copy(), acc.copy() if acc is not None else None))
         self._copy, self._delta = _Copy(commit, self.client.round, ranges), None
 
-    def commit(self, commit: int) -> None:
-        """Fetch the rows of this worker's shards changed since its copy was taken (``commit``: the number the
-        elastic state's commit will have). The copy takes them in :meth:`committed`, once every worker has fetched
-        its own: a change in between leaves every copy able to serve the commit the job goes back to."""
+    def commit(self, commit: int) -> bool:
+        """Start reading the rows of this worker's shards changed since its copy was taken (``commit``: the number
+        the elastic state's commit will have), from the servers' snapshot of this round, a share per step; True
+        if it did (False: no round since the copy, which is then the commit's already). The copy takes them in
+        :meth:`committed`, once every worker has read its own: a change in between leaves every copy able to serve
+        the commit the job goes back to."""
         if not self.elastic:
-            return
+            return False
         self.client.check_generation()
-        self.client.flush()
-        ranges = [(lo, hi, *self.client.changed(lo, hi, self._copy.since)) for lo, hi, _, _ in self._copy.ranges]
-        self._delta = _Copy(commit, self.client.round, ranges)
+        if self.client.round == self._copy.since:  # the same on every worker: rounds are synchronous
+            none = np.empty((0, self.embedding_dim), np.float32)
+            self._delta = _Copy(commit, self._copy.since, [(lo, hi, np.empty(0, np.int64), none, none)
+                                                           for lo, hi, _, _ in self._copy.ranges])
+            return False
+        self.client.copy([(lo, hi) for lo, hi, _, _ in self._copy.ranges], self._copy.since)
+        self._copying, self._copy_steps = commit, 0
+        return True
+
+    def copy_steps_done(self) -> bool:
+        return self._copying is None or self._copy_steps >= ops.engine().cfg.sparse_copy_steps
+
+    def finish_copy(self) -> None:
+        """Read what is left of the commit's changed rows (normally little: the steps read them)."""
+        stream = self.client.stream
+        if stream is None:  # no round since the last commit (commit() made the delta)
+            return
+        parts = stream.finish()
+        ranges = [(lo, hi, *part) for (lo, hi, _, _), part in zip(self._copy.ranges, parts)]
+        self._delta = _Copy(self._copying, stream.round, ranges)
+        self._copying, self.on_copied = None, None
+
+    def drop_copy(self) -> None:
+        """A change interrupted the commit whose rows were streaming in: it is not the last commit (the one
+        before is, which this worker's copy holds), so what came of it goes."""
+        if self._copying is not None:
+            self.client.stream = None
+            self._copying, self.on_copied = None, None
 
     def committed(self) -> None:
         if self._delta is not None:
@@ -209,6 +249,7 @@ class SparseEmbedding(torch.nn.Module):
         if isinstance(plan, str):
             raise PushPullError(f"sparse table {self.name!r}: no worker holds rows {plan} as of commit {commit} "
                                 f"(the workers keeping them were lost at once); the table cannot be restored")
+        self.drop_copy()
         self.client.redeclare(gen)
         me = ops.rank()
         for lo, hi, rank in plan:

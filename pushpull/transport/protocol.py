@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pushpull import dtypes as _dt
 
 MAGIC = 0x5050  # "PP"
-VERSION = 9  # 9: a sparse table's changed rows (Flags.CHANGED; a load's Adagrad accumulators)
+VERSION = 10  # 10: an elastic commit's copy of a sparse table streamed from a snapshot (SPARSE_COPY)
+#             9: a sparse table's changed rows (Flags.CHANGED; a load's Adagrad accumulators)
 #             8: same-host payloads in shared memory (Flags.SHM, an INIT_ACK's region);
 #             7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
 #             the address book's job_id; 6: sparse tables (SPARSE_* messages); 5: round signatures, concat
@@ -61,6 +62,7 @@ class MsgType(enum.IntEnum):
     SPARSE_PULL = 30    # frame: row ids (int64); answered once round ``round`` has been applied
     SPARSE_ROWS = 31    # answer to SPARSE_PULL: the rows (float32), in the order asked
     SPARSE_ACK = 32     # answer to SPARSE_INIT, to a SET push, and to a push that asked for it
+    SPARSE_COPY = 33    # an elastic commit's copy of a table as of round ``round``; ``numel`` is the step (COPY_*)
     # either
     ERROR = 40
     BATCH = 41          # several small messages for one peer in one frame (see pack_batch)
@@ -84,6 +86,13 @@ class Flags:
     #                     in output ``extra``
     CHANGED = 64        # a SPARSE_PULL of the rows of a range changed since a round (an elastic job's copy of the
     #                     table); its SPARSE_ROWS answer carries their ids, values (and Adagrad accumulators)
+
+
+# SPARSE_COPY steps (in ``numel``): a worker opens the copy of round ``round`` on every server (the server then keeps
+# the rows as of that round while later rounds change them), reads ranges of it a few at a time (frame: [lo, hi) as
+# two int64; ``extra``: one more than the round the worker's copy is of; answered with SPARSE_ROWS|CHANGED) and
+# closes it (answered with an empty SPARSE_ROWS|CHANGED); the server forgets the copy once every worker closed it
+COPY_OPEN, COPY_READ, COPY_CLOSE = 1, 2, 3
 
 
 # dtype code <-> dtype name (and item size): the header numbering of pushpull.dtypes

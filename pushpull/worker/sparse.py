@@ -27,8 +27,8 @@ import numpy as np
 import zmq
 
 from pushpull.transport.protocol import (
-    Flags, Header, MsgType, ProtocolError, decode, decode_json, dtype_code, encode_json, f32_bits, frame_view,
-    unpack_batch,
+    COPY_CLOSE, COPY_OPEN, COPY_READ, Flags, Header, MsgType, ProtocolError, decode, decode_json, dtype_code,
+    encode_json, f32_bits, frame_view, unpack_batch,
 )
 from pushpull.worker.direct import LIVENESS_S, DirectPath
 from pushpull.worker.handle import PushPullError, WorkersChanged
@@ -65,6 +65,7 @@ class SparseClient:
         self.copy_chunk_rows = max(1, (engine.cfg.max_message_bytes // 2) // (8 + 8 * self.dim))
         self.elastic = bool(engine.cfg.min_workers)
         self.path = None
+        self.stream: CopyStream | None = None  # a commit's copy being read (its answers are taken on any read)
         self.gen = -1  # the job's generation the table was declared in (-1: not declared)
         self.noticed = -1  # the last generation a call was told of (WorkersChanged)
 
@@ -84,6 +85,7 @@ class SparseClient:
             raise PushPullError(f"sparse table {self.name!r}: no server is alive")
         self.servers = len(self.owners)
         self.bounds = row_bounds(self.rows, self.servers)
+        self.stream = None
         self.path = DirectPath(engine.van.ctx, engine.first_rank, dict(engine.direct.servers), auth=engine.van.auth)
         engine.closers.append(self.path.close)
         self.error: str | None = None  # a server refused a request: every later call raises it
@@ -173,6 +175,12 @@ class SparseClient:
                 if h.type == MsgType.ERROR:  # answers still in flight could be misread later: the table is done
                     self.error = str(decode_json(m.body()).get("error", "unknown server error"))
                     raise PushPullError(self.error)
+                if (self.stream is not None and h.type == MsgType.SPARSE_ROWS and h.flags & Flags.CHANGED
+                        and h.round == self.stream.round):  # a commit's copy, read between steps
+                    self.stream.take(server, m)
+                    if want == MsgType.SPARSE_COPY:
+                        return m
+                    continue
                 if h.type == MsgType.SPARSE_ACK and h.round:  # a push's (an INIT's has round 0)
                     self.unacked[server] = max(0, self.unacked[server] - 1)
                     if want == MsgType.SPARSE_ACK:
@@ -240,25 +248,36 @@ class SparseClient:
                                      extra=since + 1 if since >= 0 else 0, dtype=dtype_code("int64"), nbytes=16),
                            [rng])
                 asked.append(j)
-        ids, rows, accs = [np.empty(0, np.int64)], [np.empty((0, self.dim), np.float32)], []
-        for j in asked:  # answers come in the order asked, per server
-            m = self._recv(j, MsgType.SPARSE_ROWS, self.round, f"the pull of changed rows of round {self.round}")
-            n = m.header.numel
-            want = 3 if adagrad else 2
-            if not m.header.flags & Flags.CHANGED or len(m.frames) != want:
-                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered a pull of changed "
-                                    f"rows with {len(m.frames)} frames, expected {want}")
-            got = [np.frombuffer(frame_view(f), dtype=d) for f, d in zip(m.frames, ("<i8", "<f4", "<f4"))]
-            if len(got[0]) != n or any(len(g) != n * self.dim for g in got[1:]):
-                raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]}'s changed rows do not "
-                                    f"match their count ({n})")
-            ids.append(got[0])
-            rows.append(got[1].reshape(n, self.dim))
-            if adagrad:
-                accs.append(got[2].reshape(n, self.dim))
-            self.stats["bytes_pulled"] += sum(frame_view(f).nbytes for f in m.frames)
-        return (np.concatenate(ids), np.concatenate(rows),
-                np.concatenate(accs) if adagrad else None)
+        parts = [self._changed_rows(j, self._recv(j, MsgType.SPARSE_ROWS, self.round,
+                                                  f"the pull of changed rows of round {self.round}"))
+                 for j in asked]  # answers come in the order asked, per server
+        return _joined(parts, self.dim, adagrad)
+
+    def _changed_rows(self, j: int, m) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(ids, rows, accumulators or None) of a SPARSE_ROWS|CHANGED answer from range ``j``'s server."""
+        adagrad = self.optimizer.get("name") == "adagrad"
+        n = m.header.numel
+        want = 3 if adagrad else 2
+        if not m.header.flags & Flags.CHANGED or len(m.frames) != want:
+            raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]} answered a pull of changed "
+                                f"rows with {len(m.frames)} frames, expected {want}")
+        got = [np.frombuffer(frame_view(f), dtype=d) for f, d in zip(m.frames, ("<i8", "<f4", "<f4"))]
+        if len(got[0]) != n or any(len(g) != n * self.dim for g in got[1:]):
+            raise PushPullError(f"sparse table {self.name!r}: server {self.owners[j]}'s changed rows do not "
+                                f"match their count ({n})")
+        self.stats["bytes_pulled"] += sum(frame_view(f).nbytes for f in m.frames)
+        return got[0], got[1].reshape(n, self.dim), got[2].reshape(n, self.dim) if adagrad else None
+
+    def copy(self, ranges: list[tuple[int, int]], since: int) -> "CopyStream":
+        """Start reading the rows of ``ranges`` changed after round ``since`` as they are after this worker's last
+        round, while training goes on: the servers keep those rows until every worker closed its copy. Every
+        worker opens one on every server before its next push (the servers' snapshot must begin there)."""
+        if self.stream is not None:
+            raise PushPullError(f"sparse table {self.name!r}: a commit's copy is open already (round "
+                                f"{self.stream.round})")
+        self.flush()
+        self.stream = CopyStream(self, ranges, since)
+        return self.stream
 
     def _rows(self, ids: np.ndarray, vals: np.ndarray, proto: Header, chunked: bool, accum=None) -> None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -287,3 +306,75 @@ class SparseClient:
             while self.unacked[j]:
                 self._recv(j, MsgType.SPARSE_ACK, None, "a push's acknowledgement")
 
+
+
+def _joined(parts: list, dim: int, adagrad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Answers of changed rows, (ids, rows, accumulators) each, as one."""
+    return (np.concatenate([np.empty(0, np.int64)] + [p[0] for p in parts]),
+            np.concatenate([np.empty((0, dim), np.float32)] + [p[1] for p in parts]),
+            np.concatenate([np.empty((0, dim), np.float32)] + [p[2] for p in parts]) if adagrad else None)
+
+
+class CopyStream:
+    """One commit's copy of some row ranges, read from the servers' snapshot a few rows per step
+    (:meth:`advance`, after each push: the answers come down while the push goes up) and completed by
+    :meth:`finish`. Why: a commit that fetched every changed row at once stopped training for the whole
+    transfer (the table, with uniform ids, every few hundred steps); spread over the steps after it, it uses the
+    direction of each link a step leaves idle."""
+
+    def __init__(self, client: SparseClient, ranges: list[tuple[int, int]], since: int):
+        self.client, self.round, self.since = client, client.round, since
+        self.adagrad = client.optimizer.get("name") == "adagrad"
+        # the reads to make, in order: (range index, server, lo, hi), each at most a message's answer
+        self.todo: list[tuple[int, int, int, int]] = []
+        for i, (lo, hi) in enumerate(ranges):
+            for j in range(client.servers):
+                a, b = max(lo, client.bounds[j]), min(hi, client.bounds[j + 1])
+                self.todo += [(i, j, c, min(b, c + client.copy_chunk_rows)) for c in range(a, b, client.copy_chunk_rows)]
+        self.todo.reverse()  # popped from the end
+        self.rows_left = sum(hi - lo for _, _, lo, hi in self.todo)
+        self.asked: list[list[int]] = [[] for _ in range(client.servers)]  # per server: range index of each answer
+        self.parts: list[list] = [[] for _ in ranges]
+        self.closing = False
+        for j in range(client.servers):
+            client._send(j, Header(MsgType.SPARSE_COPY, key=client.key, round=self.round, numel=COPY_OPEN), [])
+
+    def advance(self, rows: int) -> None:
+        """Ask for about ``rows`` more rows of the ranges (their changed ones come back)."""
+        while self.todo and rows > 0:
+            i, j, lo, hi = self.todo.pop()
+            if hi - lo > rows:  # the rest of this piece later
+                self.todo.append((i, j, lo + rows, hi))
+                hi = lo + rows
+            rows -= hi - lo
+            self.rows_left -= hi - lo
+            self._ask(j, COPY_READ, i, np.array([lo, hi], dtype=np.int64))
+
+    def _ask(self, j: int, step: int, i: int, body: np.ndarray | None) -> None:
+        c = self.client
+        c._send(j, Header(MsgType.SPARSE_COPY, key=c.key, round=self.round, numel=step,
+                          extra=self.since + 1 if self.since >= 0 else 0, dtype=dtype_code("int64"),
+                          nbytes=16 if body is not None else 0), [body] if body is not None else [])
+        self.asked[j].append(i)
+
+    def take(self, j: int, m) -> None:
+        """An answer from range ``j``'s server (they come in the order asked)."""
+        if not self.asked[j]:
+            raise PushPullError(f"sparse table {self.client.name!r}: server {self.client.owners[j]} sent rows of a "
+                                f"commit's copy nobody asked for")
+        i = self.asked[j].pop(0)
+        part = self.client._changed_rows(j, m)
+        if i >= 0:
+            self.parts[i].append(part)
+
+    def finish(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Read the rest and close the copy on every server: per range, (ids, rows, accumulators or None)."""
+        c = self.client
+        self.advance(self.rows_left)
+        for j in range(c.servers):
+            self._ask(j, COPY_CLOSE, -1, None)
+        for j in range(c.servers):
+            while self.asked[j]:
+                c._recv(j, MsgType.SPARSE_COPY, None, f"the copy of round {self.round}")
+        c.stream = None
+        return [_joined(p, c.dim, self.adagrad) for p in self.parts]

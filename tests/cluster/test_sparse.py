@@ -58,7 +58,8 @@ def elastic_job() -> str:
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
             "--restart-workers", "1", "--restart-servers", "1", "--", sys.executable,
             str(ROOT / "tests" / "scripts" / "elastic_sparse_worker.py")]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env={**os.environ, "PUSHPULL_SPARSE_COPY_STEPS": "3"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     return out

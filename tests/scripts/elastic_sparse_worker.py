@@ -3,7 +3,9 @@
 replacement; after that change rank 0 SIGKILLs a server at step 30 and the launcher starts it again. Every rank
 looks up the same rows with the same gradients each step, so the average is the same at any size, and the tables
 (one SGD, one Adagrad) must end where a run without failures would: each step applied once, none lost, the lost
-server's rows restored from the workers' copies of the last commit."""
+server's rows restored from the workers' copies of the last commit. The commits come 3 and 2 steps apart and the
+copies stream over 3 steps (PUSHPULL_SPARSE_COPY_STEPS=3, set by the test): a copy ends at the third step after its
+commit or at the next commit, and both changes come while one streams (the job goes back to the commit before)."""
 import os
 import signal
 import sys
@@ -15,7 +17,7 @@ import torch
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
 
-ROWS, DIM, STEPS, EVERY, LR = 40, 4, 50, 4, 0.25
+ROWS, DIM, STEPS, LR = 40, 4, 50, 0.25
 
 bps.init()
 late = bps.engine().joined_late
@@ -66,7 +68,7 @@ def train(state):
         net.sgd.step()
         net.ada.step()
         state.step += 1
-        if state.step % EVERY == 0 or state.step == STEPS:
+        if state.step % 5 in (0, 2) or state.step == STEPS:
             state.sizes = state.sizes + [bps.size()]
             state.commit()
 

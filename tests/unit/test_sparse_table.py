@@ -213,5 +213,127 @@ def test_a_pull_of_changed_rows_of_a_past_round_is_refused():
 def test_an_elastic_tables_rounds_per_row_count_against_the_servers_byte_limit():
     from pushpull.server.sparse import _rows_bytes
 
-    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4
+    # the rows and their rounds, and room for a commit's snapshot of every row (values, id, round, flag)
+    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4 + 100 * (4 + 8 + 4 + 1)
     assert _rows_bytes(100, 1, "sgd") == 100 * 4
+
+
+def _copy_step(store, rank, step, rnd, lo=0, hi=10, since=-1):
+    from pushpull.transport.protocol import COPY_READ, Header, Msg, MsgType
+
+    body = [np.array([lo, hi], np.int64).tobytes()] if step == COPY_READ else []
+    store.handle(b"w%d" % rank, Msg(Header(MsgType.SPARSE_COPY, sender=rank, key=7, round=rnd, numel=step,
+                                           extra=since + 1 if since >= 0 else 0), body))
+
+
+def _two_rounds_then_a_copy_of_round_2(store, optimizer="sgd"):
+    """Rounds 1 (row 2) and 2 (row 5), then both ranks open the copy of round 2."""
+    from pushpull.transport.protocol import COPY_OPEN
+
+    _declare(store, optimizer=optimizer)
+    _push(store, 0, 1, [2], [[1, 1]])
+    _push(store, 1, 1, [], [])
+    _push(store, 0, 2, [5], [[2, 2]])
+    _push(store, 1, 2, [], [])
+    for rank in (0, 1):
+        _copy_step(store, rank, COPY_OPEN, 2)
+
+
+def test_a_commits_copy_reads_the_rows_as_of_its_round_after_later_rounds_changed_them():
+    from pushpull.transport.protocol import COPY_READ
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    _push(store, 0, 3, [5, 8], [[10, 10], [4, 4]])  # round 3 changes rows 5 and 8 while the copy is read
+    _push(store, 1, 3, [], [])
+    _copy_step(store, 0, COPY_READ, 2, since=1)
+    ids, rows = _changed_answer(replies)[:2]
+    # row 5 as round 2 left it (-1), not round 3's -6; row 8 changed after the copy's round, so not in it
+    assert not errors and ids.tolist() == [5] and rows.tolist() == [-1.0, -1.0]
+
+
+def test_a_commits_copy_keeps_only_the_rows_later_rounds_change():
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    _push(store, 0, 3, [5, 8], [[10, 10], [4, 4]])
+    _push(store, 1, 3, [8], [[4, 4]])
+    snap = store.tables[7].snapshot
+    assert not errors and snap.kept.nonzero()[0].tolist() == [5, 8]
+
+
+def test_a_read_of_a_copy_whose_round_is_not_applied_waits_for_it():
+    from pushpull.transport.protocol import COPY_OPEN, COPY_READ
+
+    store, replies, errors = _store()
+    _declare(store)
+    _push(store, 0, 1, [4], [[2, 2]])
+    _copy_step(store, 0, COPY_OPEN, 1)  # rank 0 committed after its push of round 1; rank 1 has not pushed it
+    _copy_step(store, 0, COPY_READ, 1, since=0)
+    n = len(replies)
+    _push(store, 1, 1, [], [])
+    assert not errors and len(replies) == n + 1 and _changed_answer(replies)[0].tolist() == [4]
+
+
+def test_an_adagrad_tables_copy_has_the_accumulators_of_its_round():
+    from pushpull.transport.protocol import COPY_READ
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store, optimizer="adagrad")
+    _push(store, 0, 3, [2], [[2, 2]])
+    _push(store, 1, 3, [], [])
+    _copy_step(store, 0, COPY_READ, 2, since=0)
+    ids, _, acc = _changed_answer(replies)
+    assert not errors and ids.tolist() == [2, 5] and acc.reshape(2, 2)[0].tolist() == [0.25, 0.25]  # (1/2)^2
+
+
+def test_a_copy_is_forgotten_once_every_rank_closed_it():
+    from pushpull.transport.protocol import COPY_CLOSE
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    _copy_step(store, 0, COPY_CLOSE, 2)
+    assert store.tables[7].snapshot is not None
+    _copy_step(store, 1, COPY_CLOSE, 2)
+    assert not errors and store.tables[7].snapshot is None
+
+
+def test_a_read_of_a_closed_copy_is_refused():
+    from pushpull.transport.protocol import COPY_CLOSE, COPY_READ
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    _copy_step(store, 0, COPY_CLOSE, 2)
+    _copy_step(store, 0, COPY_READ, 2)
+    assert errors and "rank 0 read or closed a copy of round 2 it has not open" in errors[-1]
+
+
+def test_a_copy_of_another_round_while_one_is_open_is_refused_naming_the_ranks_reading_it():
+    from pushpull.transport.protocol import COPY_CLOSE, COPY_OPEN
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    _copy_step(store, 0, COPY_CLOSE, 2)
+    _push(store, 0, 3, [], [])
+    _push(store, 1, 3, [], [])
+    _copy_step(store, 0, COPY_OPEN, 3)
+    assert errors and "while the copy of round 2 is open (rank(s) [1] have not closed it)" in errors[-1]
+
+
+def test_a_copy_answers_each_row_once_per_rank():
+    from pushpull.transport.protocol import COPY_READ
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    _copy_step(store, 0, COPY_READ, 2, since=-1)  # all 10 rows
+    assert not errors
+    _copy_step(store, 0, COPY_READ, 2, since=-1)
+    assert errors and "rank 0 read 20 rows of the copy of round 2, more than this server's 10" in errors[-1]
+
+
+def test_a_copy_of_a_table_outside_an_elastic_job_is_refused():
+    from pushpull.transport.protocol import COPY_OPEN
+
+    store, replies, errors = _store()
+    _declare(store, elastic=False)
+    _copy_step(store, 0, COPY_OPEN, 0)
+    assert errors and "a commit's copy of a table declared outside an elastic job" in errors[-1]
