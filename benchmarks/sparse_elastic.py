@@ -66,7 +66,7 @@ def worker(args) -> None:
         # the timed window is steady state: it starts once a commit's copy is in (the commit's copy steps after it,
         # or, with commits closer than that, right after a commit: the next one reads the rest) and ends the same
         # way, so it holds steps // every commits, each carrying `every` steps of changed rows, and all their copies
-        lag = copy_steps if every >= copy_steps else 0
+        lag = copy_steps if every > copy_steps else 0
         head = every + lag if every else 0
         bps.barrier()
         for i in range(head + steps):
@@ -84,7 +84,7 @@ def worker(args) -> None:
                 now = time.perf_counter()
                 windows.append((now - t) / max(every, 1))
                 t = now
-        assert state._pending is None or every < copy_steps  # the window ends with the last commit's copy in
+        assert state._pending is None or every <= copy_steps  # the window ends with the last commit's copy in
         model.emb.client.flush()
         wall = time.perf_counter() - t_start
         bps.barrier()
