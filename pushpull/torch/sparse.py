@@ -130,18 +130,19 @@ class SparseEmbedding(torch.nn.Module):
             uniq, inverse = torch.unique(all_ids, return_inverse=True)
             g = torch.zeros(len(uniq), self.embedding_dim).index_add_(0, inverse, torch.cat(grads))
             ids, grads = [uniq], [g]
-        if ids:
-            self.client.push(ids[0].numpy(), grads[0].contiguous().numpy(), self.lr)
-        else:
-            self.client.push(np.empty(0, np.int64), np.empty((0, self.embedding_dim), np.float32), self.lr)
         stream = self.client.stream
-        if stream is not None:  # a commit's copy: a share of it comes down while this push goes up
+        if stream is not None:  # a commit's copy: asked for before the push (a request queued behind the push would
+            # reach the servers only once the push is up), so a share of it comes down while the push goes up
             steps = ops.engine().cfg.sparse_copy_steps
             self._copy_steps += 1
             held = sum(hi - lo for lo, hi, _, _ in self._copy.ranges)
             stream.advance(max(len(ids[0]) if ids else 0, -(-held // max(steps, 1))))
-            if self._copy_steps >= steps and self.on_copied is not None:
-                self.on_copied(self)
+        if ids:
+            self.client.push(ids[0].numpy(), grads[0].contiguous().numpy(), self.lr)
+        else:
+            self.client.push(np.empty(0, np.int64), np.empty((0, self.embedding_dim), np.float32), self.lr)
+        if stream is not None and self._copy_steps >= steps and self.on_copied is not None:
+            self.on_copied(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the lookups since the last step (their gradients are not pushed)."""
