@@ -1,19 +1,19 @@
 """What an elastic job's copy of a sparse table costs: step time and bytes with commits every K steps.
 
     flock /tmp/pushpull-cpu.lock python benchmarks/sparse_elastic.py [--rate 100mbit] [--rows 200000] [--dim 64]
-        [--batch 2000] [--every 0,1,10,100,0] [--steps 60,60,100,300,60] [--copy-steps 100,100,100,100,100]
+        [--batch 2000] [--every 0,1,10,100,0] [--steps 60,60,100,300,60] [--copy-steps 1000,1000,1000,1000,1000]
         [--out docs/results/sparse_elastic.md]
 
 One elastic job (PUSHPULL_MIN_WORKERS=2): 2 worker hosts and 2 server hosts (separate placement) on the emulated
 cluster, every link shaped to ``--rate``. Each worker trains a SparseEmbedding (SGD on the servers) inside an
 ``elastic.TorchState``: a lookup of ``--batch`` uniformly random ids, backward, ``step()``; phase i runs
 ``steps[i]`` steps and calls ``state.commit()`` every ``every[i]`` steps (0: never), its copy streaming over
-``copy_steps[i]`` steps (PUSHPULL_SPARSE_COPY_STEPS; 0: the commit reads it all at once). The phases run one after
+at most ``copy_steps[i]`` steps (PUSHPULL_SPARSE_COPY_STEPS; 0: the commit reads it all at once). The phases run one after
 the other in the same job, the commit-free one first and again last, so the noise of this shared VM shows.
 A commit reads the rows of the worker's shards (with 2 workers: the whole table) changed since the previous
 commit; uniform ids are the worst case for it (the changed rows grow fastest). A phase's timed window is steady
-state: it starts and ends where a commit's copy is complete, and holds ``steps // every`` commits with all their
-copies.
+state: from right after a commit to right after the one ``steps`` later, so it holds ``steps // every`` commits
+and as many copies.
 
 Per phase: the step time including its share of the commits (median over the phase's windows of ``every``
 steps, and the mean), the bytes on the worker's link (interface counters) and the payload per step (the
@@ -63,11 +63,9 @@ def worker(args) -> None:
     for every, steps, copy_steps in zip(args.every, args.steps, args.copy_steps):
         # this phase's PUSHPULL_SPARSE_COPY_STEPS (the setting is read at each commit and step)
         eng.cfg = dataclasses.replace(eng.cfg, sparse_copy_steps=copy_steps)
-        # the timed window is steady state: it starts once a commit's copy is in (the commit's copy steps after it,
-        # or, with commits closer than that, right after a commit: the next one reads the rest) and ends the same
-        # way, so it holds steps // every commits, each carrying `every` steps of changed rows, and all their copies
-        lag = copy_steps if every > copy_steps else 0
-        head = every + lag if every else 0
+        # the timed window is steady state: it starts right after a commit and ends right after the one `steps`
+        # later, so it holds steps // every commits' reads and the copies of as many (the last one's is read after)
+        head = every
         bps.barrier()
         for i in range(head + steps):
             if i == head:
@@ -75,21 +73,24 @@ def worker(args) -> None:
                 rx0, tx0 = link_bytes(iface)
                 pay0 = stats["bytes_pushed"] + stats["bytes_pulled"]
                 t_start = t = time.perf_counter()
-                windows, commits = [], 0
+                windows, commits, copied_over = [], 0, []
             step()
             if every and (i + 1) % every == 0:
                 state.commit()
                 commits += i >= head
+                if i >= head:
+                    copied_over.append(model.emb.copy_steps)
             if i >= head and (i + 1 - head) % max(every, 1) == 0:  # one window: `every` steps, one commit
                 now = time.perf_counter()
                 windows.append((now - t) / max(every, 1))
                 t = now
-        assert state._pending is None or every <= copy_steps  # the window ends with the last commit's copy in
         model.emb.client.flush()
         wall = time.perf_counter() - t_start
+        state.finish_commit()  # the copy of the window's last commit, outside it (the window has its first's)
         bps.barrier()
         rx1, tx1 = link_bytes(iface)
         res["phases"].append({"every": every, "steps": steps, "copy_steps": copy_steps, "commits": commits,
+                              "copied_over": copied_over,
                               "wall_s": wall, "window_step_s": windows, "rx_per_step": (rx1 - rx0) / steps,
                               "tx_per_step": (tx1 - tx0) / steps,
                               "payload_per_step": (stats["bytes_pushed"] + stats["bytes_pulled"] - pay0) / steps})
@@ -111,8 +112,8 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
         f"{args.rate if rate_Bps else 'LOOPBACK FALLBACK (no shaping)'}; each step looks up {args.batch:,} uniformly "
         f"random ids per worker. An elastic job (PUSHPULL_MIN_WORKERS=2): with 2 workers each keeps the whole table "
         f"as of its last commit; `state.commit()` reads the rows changed since the previous one, streamed over the "
-        f"next steps ('copy over') or at once. Each phase's window starts and ends where a commit's copy is complete "
-        f"and holds steps / every commits with all their copies. The first copy "
+        f"next steps (at most 'copy over' of them) or at once. Each phase's window runs from right after a commit to "
+        f"right after the one `steps` later, so it holds steps / every commits and as many copies. The first copy "
         f"took {statistics.mean(r['cut_s'] for r in results):.1f} s per worker (the whole table, at the start). One "
         f"run, {wall:.0f} s in all, on the shared 2-core VM.",
         "",
@@ -126,7 +127,9 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
         wire = statistics.mean(p["rx_per_step"] + p["tx_per_step"] for p in ph)
         pay = statistics.mean(p["payload_per_step"] for p in ph)
         bound = f"{1000 * pay / rate_Bps:.0f} ms" if rate_Bps else "n/a"
-        copy_over = "" if not every else f"{ph[0]['copy_steps']} steps" if ph[0]["copy_steps"] else "at once"
+        over = sorted({n for p in ph for n in p["copied_over"]})
+        copy_over = ("" if not every else "at once" if not ph[0]["copy_steps"] else
+                     f"{'-'.join(map(str, over[::max(1, len(over) - 1)]))} steps (at most {ph[0]['copy_steps']})")
         lines.append(f"| {every or 'never'} | {copy_over} | {ph[0]['steps']} | {1000 * mean:.0f} ms "
                      f"({1000 * med:.0f} ms) | "
                      f"{'' if not every else f'{100 * (mean / base - 1):+.0f} %'} | {wire / 1e6:.2f} MB | "
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--every", default="0,1,10,100,0", help="commit every K steps, per phase (0: never)")
     p.add_argument("--steps", default="60,60,100,300,60", help="steps per phase")
     p.add_argument("--copy-steps", default=None,
-                   help="PUSHPULL_SPARSE_COPY_STEPS per phase (default: 100 for each; 0: a commit reads at once)")
+                   help="PUSHPULL_SPARSE_COPY_STEPS per phase (default: 1000 for each; 0: a commit reads at once)")
     p.add_argument("--congestion", default="reno")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
     args.every = [int(x) for x in str(args.every).split(",")]
     args.steps = [int(x) for x in str(args.steps).split(",")]
     args.copy_steps = ([int(x) for x in str(args.copy_steps).split(",")] if args.copy_steps is not None
-                       else [100] * len(args.every))
+                       else [1000] * len(args.every))
     if len(args.every) != len(args.steps) or len(args.copy_steps) != len(args.every) or 0 not in args.every:
         p.error("--every, --steps and --copy-steps need one value per phase, and one phase without commits")
     if any(e and s % e for e, s in zip(args.every, args.steps)):

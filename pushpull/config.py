@@ -386,11 +386,12 @@ SETTINGS: tuple[Setting, ...] = (
       "renumbered, averages over the survivors; in-flight operations raise WorkersChanged, which "
       "pushpull.torch.elastic.run turns into a restore of the last commit) instead of ending. "
       "`pushpull launch --min-workers M` sets it."),
-    S("sparse_copy_steps", [], 100, _int_min(0), "integer >= 0",
-      "Steps an elastic job's commit takes to copy its sparse tables' changed rows to the workers: each step "
-      "reads a share of them (at least as many rows as it pushed) while the next push goes up, and the commit "
-      "becomes the one a change goes back to when the copy is complete; 0: the commit reads them all before "
-      "it returns (docs/sparse.md)."),
+    S("sparse_copy_steps", [], 1000, _int_min(0), "integer >= 0",
+      "The most steps an elastic job's commit takes to copy its sparse tables' changed rows to the workers. The "
+      "copy is read a share per step while the step's push goes up, at the pace of half the bytes the slowest "
+      "worker pushes per step, and the commit becomes the one a change goes back to once it is complete (until "
+      "then, the one before); a commit that comes sooner reads the rest of the one before. 0: a commit reads "
+      "every changed row before it returns (docs/sparse.md)."),
     S("elastic_dir", [], None, lambda s: s or None, "folder path, or 'off'",
       "Where pushpull.torch.elastic.run keeps each commit on this node's disk (one file, replaced at each commit, "
       "written by the node's local rank 0), so that a restart of every worker resumes from the last commit: "

@@ -170,16 +170,31 @@ class TorchState(State):
             return super().commit()
         self._copied()  # the commit before, if its tables' copies still stream: now, and it is the last one
         kept = self._copy()
-        streaming = [m for m in tables if m.commit(self._commits + 1)]  # every worker gets the same list
-        if not streaming:  # no round since the last commit: the copies are this one's already
+        changed = [m for m in tables if m.changed_since_copy()]  # every worker gets the same list
+        cap = ops.engine().cfg.sparse_copy_steps
+        steps = 0
+        if changed and cap:  # the slowest worker's pace, within PUSHPULL_SPARSE_COPY_STEPS
+            n = ops.size()
+            want = torch.zeros(n, dtype=torch.int64)
+            want[ops.rank()] = max(m.copy_steps_wanted() for m in changed) or cap
+            steps = min(cap, int(ops.push_pull(want, average=False, name=f"elastic.sparse.copy_steps.n{n}").max()))
+        for m in tables:
+            m.commit(self._commits + 1, steps)
+        if not changed:  # no round since the last commit: the copies are this one's already
             for m in tables:
                 m.committed()
             return self._promote(kept)
         self.__dict__["_pending"] = (kept, tables)
-        for m in streaming:
+        for m in changed:
             m.on_copied = self._table_copied
-        if not ops.engine().cfg.sparse_copy_steps:
+        if not steps:
             self._copied()
+
+    def finish_commit(self) -> None:
+        """Read the rest of the last ``commit()``'s sparse copies now, so that it is the commit a change goes back
+        to when this returns (collective: every worker calls it at the same point; a commit without sparse tables
+        is complete already). Before a planned stop or a measurement."""
+        self._copied()
 
     def _table_copied(self, table) -> None:
         """A table's step ended its copy's steps: the commit's copies end once every table's has (the tables

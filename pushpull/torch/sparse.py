@@ -90,7 +90,9 @@ class SparseEmbedding(torch.nn.Module):
         self._copy: _Copy | None = None
         self._delta: _Copy | None = None
         self._copying: int | None = None  # the commit whose changed rows stream in (client.stream)
-        self._copy_steps = 0  # steps since that commit
+        self._copy_stepped = 0  # steps since that commit
+        self.copy_steps = 0  # the steps the last commit's copy takes (the same on every worker; 0: none streamed)
+        self._pushed = [0, 0]  # bytes pushed and steps since the last commit (what a copy's pace is measured by)
         self.on_copied = None  # called (with this table) at the step that ends the copy's steps (TorchState's)
         self.resumes = 0  # times the table was loaded again after a change of the job
         if eng.joined_late:  # a worker that came into the running job: elastic.run's sync loads the table
@@ -133,15 +135,15 @@ class SparseEmbedding(torch.nn.Module):
         stream = self.client.stream
         if stream is not None:  # a commit's copy: asked for before the push (a request queued behind the push would
             # reach the servers only once the push is up), so a share of it comes down while the push goes up
-            steps = ops.engine().cfg.sparse_copy_steps
-            self._copy_steps += 1
-            held = sum(hi - lo for lo, hi, _, _ in self._copy.ranges)
-            stream.advance(max(len(ids[0]) if ids else 0, -(-held // max(steps, 1))))
+            self._copy_stepped += 1
+            stream.advance(-(-self._held_rows() // self.copy_steps))
         if ids:
             self.client.push(ids[0].numpy(), grads[0].contiguous().numpy(), self.lr)
         else:
             self.client.push(np.empty(0, np.int64), np.empty((0, self.embedding_dim), np.float32), self.lr)
-        if stream is not None and self._copy_steps >= steps and self.on_copied is not None:
+        self._pushed[0] += len(ids[0]) * (8 + 4 * self.embedding_dim) if ids else 0
+        self._pushed[1] += 1
+        if stream is not None and self._copy_stepped >= self.copy_steps and self.on_copied is not None:
             self.on_copied(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -170,26 +172,40 @@ class SparseEmbedding(torch.nn.Module):
             ranges.append((lo, hi, rows.copy(), acc.copy() if acc is not None else None))
         self._copy, self._delta = _Copy(commit, self.client.round, ranges), None
 
-    def commit(self, commit: int) -> bool:
+    def _held_rows(self) -> int:
+        return sum(hi - lo for lo, hi, _, _ in self._copy.ranges)
+
+    def changed_since_copy(self) -> bool:
+        """Whether a round changed the table since the copy was taken (the same on every worker: rounds are
+        synchronous)."""
+        return self.elastic and self.client.round != self._copy.since
+
+    def copy_steps_wanted(self) -> int:
+        """The steps this worker's copy would take if each read half the bytes a step pushed on average since the
+        last commit: the answers come down during the push, and half leaves it room (0: nothing was pushed)."""
+        per_step = self._pushed[0] / max(self._pushed[1], 1)
+        row = 8 + 4 * self.embedding_dim * (2 if self.client.optimizer["name"] == "adagrad" else 1)
+        return int(np.ceil(self._held_rows() * row / (per_step / 2))) if per_step else 0
+
+    def commit(self, commit: int, steps: int) -> None:
         """Start reading the rows of this worker's shards changed since its copy was taken (``commit``: the number
-        the elastic state's commit will have), from the servers' snapshot of this round, a share per step; True
-        if it did (False: no round since the copy, which is then the commit's already). The copy takes them in
-        :meth:`committed`, once every worker has read its own: a change in between leaves every copy able to serve
-        the commit the job goes back to."""
-        if not self.elastic:
-            return False
+        the elastic state's commit will have) from the servers' snapshot of this round, 1/``steps`` of its rows a
+        step (every worker reads for the same number of steps). With no round since the copy it is the commit's
+        already. The copy takes them in :meth:`committed`, once every worker has read its own: a change in between
+        leaves every copy able to serve the commit the job goes back to."""
         self.client.check_generation()
-        if self.client.round == self._copy.since:  # the same on every worker: rounds are synchronous
+        self._pushed = [0, 0]
+        if not self.changed_since_copy():
+            self.copy_steps = 0
             none = np.empty((0, self.embedding_dim), np.float32)
             self._delta = _Copy(commit, self._copy.since, [(lo, hi, np.empty(0, np.int64), none, none)
                                                            for lo, hi, _, _ in self._copy.ranges])
-            return False
+            return
         self.client.copy([(lo, hi) for lo, hi, _, _ in self._copy.ranges], self._copy.since)
-        self._copying, self._copy_steps = commit, 0
-        return True
+        self._copying, self._copy_stepped, self.copy_steps = commit, 0, max(1, steps)
 
     def copy_steps_done(self) -> bool:
-        return self._copying is None or self._copy_steps >= ops.engine().cfg.sparse_copy_steps
+        return self._copying is None or self._copy_stepped >= self.copy_steps
 
     def finish_copy(self) -> None:
         """Read what is left of the commit's changed rows (normally little: the steps read them)."""
