@@ -86,14 +86,13 @@ def worker(args) -> None:
                 t = now
         model.emb.client.flush()
         wall = time.perf_counter() - t_start
-        state.finish_commit()  # the copy of the window's last commit, outside it (the window has its first's)
-        bps.barrier()
         rx1, tx1 = link_bytes(iface)
         res["phases"].append({"every": every, "steps": steps, "copy_steps": copy_steps, "commits": commits,
                               "copied_over": copied_over,
                               "wall_s": wall, "window_step_s": windows, "rx_per_step": (rx1 - rx0) / steps,
                               "tx_per_step": (tx1 - tx0) / steps,
                               "payload_per_step": (stats["bytes_pushed"] + stats["bytes_pulled"] - pay0) / steps})
+        state.finish_commit()  # the copy of the window's last commit, outside it (the window has its first's)
     print("RESULT " + json.dumps(res), flush=True)
     bps.shutdown()
 

@@ -57,8 +57,8 @@ def _rows_bytes(rows: int, dim: int, optimizer: str, elastic: bool = False) -> i
     held = rows * dim * 4 * (2 if optimizer == "adagrad" else 1)
     if not elastic:
         return held
-    # per row: its round (4); in a snapshot, at most once: its values, id (8), round (4) and kept flag (1)
-    return held + 4 * rows + held + 13 * rows
+    # per row: its round (4); in a snapshot, at most once: its values and round (4), and per row its slot (4)
+    return held + 4 * rows + held + 8 * rows
 
 
 class Snapshot:
@@ -67,39 +67,53 @@ class Snapshot:
     time, its value (Adagrad accumulator, last round) is kept here; a row never changed since is read from the
     table itself. So it holds only the rows changed while the copy streams, at most the range once."""
 
-    def __init__(self, rnd: int, rows: int):
+    def __init__(self, rnd: int, rows: int, dim: int, adagrad: bool):
         self.round = rnd
-        self.kept = np.zeros(rows, dtype=bool)  # per local row: its value as of ``round`` is in a block
-        self.blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []  # (rows, w, acc, rnd)
+        self.slot = np.full(rows, -1, dtype=np.int32)  # per local row: where its kept values are (-1: not kept)
+        self.size, self.rows, self.dim, self.adagrad = 0, rows, dim, adagrad
+        self.weight = np.empty((0, dim), np.float32)  # kept values, grown by doubling up to the range
+        self.accum = np.empty((0, dim), np.float32) if adagrad else None
+        self.touched = np.empty(0, np.int32)
         self.opened: set[int] = set()  # ranks that opened it
         self.closed: set[int] = set()  # ranks done reading it
         self.answered: dict[int, int] = {}  # rank -> changed rows answered (at most the range: each row once)
 
     def keep(self, rows: np.ndarray, t: "SparseTable") -> None:
         """Rows (local, unique) a round after ``round`` is about to change."""
-        new = rows[~self.kept[rows]]
-        if len(new):
-            self.kept[new] = True
-            self.blocks.append((new, t.weight[new], t.accum[new] if t.accum is not None else None,
-                                t.touched[new]))  # fancy indexing copies
+        new = rows[self.slot[rows] < 0]
+        if not len(new):
+            return
+        end = self.size + len(new)
+        if end > len(self.touched):  # room for at least twice as many, at most every row
+            cap = min(self.rows, max(2 * len(self.touched), end, 1024))
+            self.weight = np.resize(self.weight, (cap, self.dim))
+            self.touched = np.resize(self.touched, cap)
+            if self.adagrad:
+                self.accum = np.resize(self.accum, (cap, self.dim))
+        self.weight[self.size:end] = t.weight[new]
+        self.touched[self.size:end] = t.touched[new]
+        if self.adagrad:
+            self.accum[self.size:end] = t.accum[new]
+        self.slot[new] = np.arange(self.size, end, dtype=np.int32)
+        self.size = end
 
     def read(self, t: "SparseTable", lo: int, hi: int, since: int):
         """(ids, rows, accumulators or None) of the rows in [lo, hi) that a round in (since, ``round``] changed,
         as they were after ``round``."""
         a, b = lo - t.lo, hi - t.lo
+        slot = self.slot[a:b]
+        kept = np.flatnonzero(slot >= 0)
         touched = t.touched[a:b].copy()
-        w = t.weight[a:b].copy()
-        acc = t.accum[a:b].copy() if t.accum is not None else None
-        if self.kept[a:b].any():
-            for rows, bw, bacc, brnd in self.blocks:
-                sel = (rows >= a) & (rows < b)
-                if sel.any():
-                    at = rows[sel] - a
-                    touched[at], w[at] = brnd[sel], bw[sel]
-                    if acc is not None:
-                        acc[at] = bacc[sel]
+        touched[kept] = self.touched[slot[kept]]
         changed = np.flatnonzero(touched > since) if since >= 0 else np.arange(b - a)
-        return (changed + lo).astype(np.int64), w[changed], (acc[changed] if acc is not None else None)
+        w = t.weight[a + changed]
+        acc = t.accum[a + changed] if t.accum is not None else None
+        back = slot[changed]
+        old = np.flatnonzero(back >= 0)  # rows of the answer changed after ``round``: their kept values
+        w[old] = self.weight[back[old]]
+        if acc is not None:
+            acc[old] = self.accum[back[old]]
+        return (changed + lo).astype(np.int64), w, acc
 
 
 @dataclass
@@ -365,7 +379,7 @@ class SparseStore:
                 if h.round < t.applied:
                     raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round}, the "
                                       f"table is at round {t.applied} already")
-                snap = t.snapshot = Snapshot(h.round, t.hi - t.lo)
+                snap = t.snapshot = Snapshot(h.round, t.hi - t.lo, t.dim, t.accum is not None)
             elif snap.round != h.round:
                 raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round} while the "
                                   f"copy of round {snap.round} is open (rank(s) "

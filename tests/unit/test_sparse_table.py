@@ -213,8 +213,8 @@ def test_a_pull_of_changed_rows_of_a_past_round_is_refused():
 def test_an_elastic_tables_rounds_per_row_count_against_the_servers_byte_limit():
     from pushpull.server.sparse import _rows_bytes
 
-    # the rows and their rounds, and room for a commit's snapshot of every row (values, id, round, flag)
-    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4 + 100 * (4 + 8 + 4 + 1)
+    # the rows and their rounds, and room for a commit's snapshot of every row (values, round, slot)
+    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4 + 100 * (4 + 4 + 4)
     assert _rows_bytes(100, 1, "sgd") == 100 * 4
 
 
@@ -258,7 +258,7 @@ def test_a_commits_copy_keeps_only_the_rows_later_rounds_change():
     _push(store, 0, 3, [5, 8], [[10, 10], [4, 4]])
     _push(store, 1, 3, [8], [[4, 4]])
     snap = store.tables[7].snapshot
-    assert not errors and snap.kept.nonzero()[0].tolist() == [5, 8]
+    assert not errors and np.flatnonzero(snap.slot >= 0).tolist() == [5, 8] and snap.size == 2
 
 
 def test_a_read_of_a_copy_whose_round_is_not_applied_waits_for_it():
@@ -337,3 +337,33 @@ def test_a_copy_of_a_table_outside_an_elastic_job_is_refused():
     _declare(store, elastic=False)
     _copy_step(store, 0, COPY_OPEN, 0)
     assert errors and "a commit's copy of a table declared outside an elastic job" in errors[-1]
+
+
+def test_a_copy_keeps_a_rows_value_as_of_its_round_through_several_later_changes():
+    from pushpull.transport.protocol import COPY_READ
+
+    store, replies, errors = _store()
+    _two_rounds_then_a_copy_of_round_2(store)
+    for rnd in (3, 4):
+        _push(store, 0, rnd, [5], [[10, 10]])
+        _push(store, 1, rnd, [], [])
+    _copy_step(store, 0, COPY_READ, 2, lo=5, hi=6, since=1)
+    ids, rows = _changed_answer(replies)[:2]
+    assert not errors and ids.tolist() == [5] and rows.tolist() == [-1.0, -1.0]
+
+
+def test_a_copy_of_many_rows_grows_its_room_and_reads_every_row_as_of_its_round():
+    from pushpull.transport.protocol import COPY_OPEN, COPY_READ
+
+    store, replies, errors = _store()
+    _declare(store, rows=5000, hi=5000)
+    for rank in (0, 1):
+        _copy_step(store, rank, COPY_OPEN, 0)
+    for rnd, rows in ((1, range(0, 3000)), (2, range(2000, 5000))):  # 5000 rows kept, in 2 growths
+        ids = np.arange(rows.start, rows.stop)
+        _push(store, 0, rnd, ids, np.ones((len(ids), 2)))
+        _push(store, 1, rnd, [], [])
+    assert store.tables[7].snapshot.size == 5000
+    _copy_step(store, 0, COPY_READ, 0, lo=0, hi=5000, since=-1)
+    ids, rows = _changed_answer(replies)[:2]
+    assert not errors and ids.tolist() == list(range(5000)) and not rows.any()  # the table at round 0: zeros
