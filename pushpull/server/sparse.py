@@ -57,8 +57,9 @@ def _rows_bytes(rows: int, dim: int, optimizer: str, elastic: bool = False) -> i
     held = rows * dim * 4 * (2 if optimizer == "adagrad" else 1)
     if not elastic:
         return held
-    # per row: its round (4); in a snapshot, at most once: its values and round (4), and per row its slot (4)
-    return held + 4 * rows + held + 8 * rows
+    # per row: its round (4); a snapshot: per row its slot (4), and at most once its values and round (4), grown by
+    # doubling (half as much again while the old room is copied into the new)
+    return held + 4 * rows + 4 * rows + (held + 4 * rows) * 3 // 2
 
 
 class Snapshot:
@@ -75,7 +76,8 @@ class Snapshot:
         self.accum = np.empty((0, dim), np.float32) if adagrad else None
         self.touched = np.empty(0, np.int32)
         self.opened: set[int] = set()  # ranks that opened it
-        self.closed: set[int] = set()  # ranks done reading it
+        self.closing: set[int] = set()  # ranks that asked to close it (no read after that)
+        self.closed: set[int] = set()  # ranks whose close was answered (it goes once every rank's was)
         self.answered: dict[int, int] = {}  # rank -> changed rows answered (at most the range: each row once)
 
     def keep(self, rows: np.ndarray, t: "SparseTable") -> None:
@@ -376,9 +378,9 @@ class SparseStore:
         snap = t.snapshot
         if h.numel == COPY_OPEN:
             if snap is None:
-                if h.round < t.applied:
+                if not t.applied <= h.round <= t.applied + AHEAD:
                     raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round}, the "
-                                      f"table is at round {t.applied} already")
+                                      f"table is at round {t.applied} (a copy is of it or of one of the next {AHEAD})")
                 snap = t.snapshot = Snapshot(h.round, t.hi - t.lo, t.dim, t.accum is not None)
             elif snap.round != h.round:
                 raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round} while the "
@@ -386,11 +388,12 @@ class SparseStore:
                                   f"{sorted(set(range(t.num_workers)) - snap.closed)} have not closed it)")
             snap.opened.add(h.sender)
             return
-        if snap is None or snap.round != h.round or h.sender not in snap.opened or h.sender in snap.closed:
+        if snap is None or snap.round != h.round or h.sender not in snap.opened or h.sender in snap.closing:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender} read or closed a copy of round {h.round} it "
                               f"has not open (open: {'none' if snap is None else f'round {snap.round}'})")
         if h.numel == COPY_CLOSE:
-            self._answer_or_wait(identity, h, t, ("close", h.sender), "close of a copy")
+            snap.closing.add(h.sender)
+            self._answer_or_wait(identity, h, t, ("close", h.sender, snap), "close of a copy")
             return
         if h.numel != COPY_READ:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender} sent copy step {h.numel} (known: "
@@ -405,7 +408,7 @@ class SparseStore:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender} read rows [{lo}, {hi}) of a copy: this server "
                               f"holds [{t.lo}, {t.hi}), and an answer holds at most "
                               f"{self.cfg.max_message_bytes // per_row} rows (PUSHPULL_MAX_MESSAGE_BYTES)")
-        self._answer_or_wait(identity, h, t, ("copy", lo, hi, int(h.extra) - 1, h.sender), "read of a copy")
+        self._answer_or_wait(identity, h, t, ("copy", lo, hi, int(h.extra) - 1, h.sender, snap), "read of a copy")
 
     def _answer_or_wait(self, identity: bytes, h: Header, t: SparseTable, what_rows, what: str) -> None:
         """Answer a pull of round ``h.round`` now if it is applied, else once it is (a bounded wait list)."""
@@ -502,17 +505,16 @@ class SparseStore:
         """The rows ``ids`` after round ``rnd``; or, for a ("changed", lo, hi, since, rank) pull, the ids of the rows
         changed since, their values and (Adagrad) their accumulators."""
         if isinstance(ids, tuple) and ids[0] == "close":
-            snap, rank = t.snapshot, ids[1]
+            _, rank, snap = ids
             snap.closed.add(rank)
-            if snap.closed >= set(range(t.num_workers)):
+            if snap.closed >= set(range(t.num_workers)) and t.snapshot is snap:
                 t.snapshot = None
             self.reply(identity, Header(MsgType.SPARSE_ROWS, key=t.key, round=rnd, req_id=req_id, dtype=FLOAT32,
                                         flags=Flags.CHANGED), [np.empty(0, np.int64), np.empty(0, np.float32)] +
                        ([np.empty(0, np.float32)] if t.accum is not None else []))
             return
         if isinstance(ids, tuple) and ids[0] == "copy":
-            _, lo, hi, since, rank = ids
-            snap = t.snapshot
+            _, lo, hi, since, rank, snap = ids  # a read arrives before its rank's close, so its copy is still kept
             got, rows, acc = snap.read(t, lo, hi, since)
             count = snap.answered.get(rank, 0) + len(got)
             if count > t.hi - t.lo:  # each row once per copy: a 16-byte request cannot be repeated without bound

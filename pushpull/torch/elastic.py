@@ -171,16 +171,12 @@ class TorchState(State):
         self._copied()  # the commit before, if its tables' copies still stream: now, and it is the last one
         kept = self._copy()
         changed = [m for m in tables if m.changed_since_copy()]  # every worker gets the same list
-        cap = ops.engine().cfg.sparse_copy_steps
-        steps = 0
-        if changed and cap:  # the slowest worker's pace, within PUSHPULL_SPARSE_COPY_STEPS
-            n = ops.size()
-            want = torch.zeros(n, dtype=torch.int64)
-            want[ops.rank()] = max(m.copy_steps_wanted() for m in changed) or cap
-            steps = min(cap, int(ops.push_pull(want, average=False, name=f"elastic.sparse.copy_steps.n{n}").max()))
+        steps = self._copy_steps(changed) if changed else 0
         for m in tables:
             m.commit(self._commits + 1, steps)
-        if not changed:  # no round since the last commit: the copies are this one's already
+        if not changed:  # no round since the last commit: the copies are this one's already, once all know it (a
+            # worker a change stops before it holds the commit as a delta, which its copy serves)
+            ops.push_pull(torch.zeros(1), average=False, name="elastic.sparse.committed")
             for m in tables:
                 m.committed()
             return self._promote(kept)
@@ -189,6 +185,18 @@ class TorchState(State):
             m.on_copied = self._table_copied
         if not steps:
             self._copied()
+
+    @staticmethod
+    def _copy_steps(changed: list) -> int:
+        """The steps the copies take, the same on every worker: the slowest worker's pace (half the bytes it pushes
+        per step), within the smallest PUSHPULL_SPARSE_COPY_STEPS any worker has (0 on any: at once)."""
+        n, cap = ops.size(), ops.engine().cfg.sparse_copy_steps
+        mine = torch.zeros(2, n, dtype=torch.int64)
+        mine[0, ops.rank()] = max(m.copy_steps_wanted() for m in changed) or cap
+        mine[1, ops.rank()] = cap
+        want, caps = ops.push_pull(mine, average=False, name=f"elastic.sparse.copy_steps.n{n}")
+        cap = int(caps.min())
+        return min(cap, int(want.max())) if cap else 0
 
     def finish_commit(self) -> None:
         """Read the rest of the last ``commit()``'s sparse copies now, so that it is the commit a change goes back

@@ -317,7 +317,7 @@ def _joined(parts: list, dim: int, adagrad: bool) -> tuple[np.ndarray, np.ndarra
 
 class CopyStream:
     """One commit's copy of some row ranges, read from the servers' snapshot a few rows per step
-    (:meth:`advance`, after each push: the answers come down while the push goes up) and completed by
+    (:meth:`advance`, just before each push: the answers come down while the push goes up) and completed by
     :meth:`finish`. Why: a commit that fetched every changed row at once stopped training for the whole
     transfer (the table, with uniform ids, every few hundred steps); spread over the steps after it, it uses the
     direction of each link a step leaves idle."""

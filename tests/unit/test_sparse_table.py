@@ -213,8 +213,9 @@ def test_a_pull_of_changed_rows_of_a_past_round_is_refused():
 def test_an_elastic_tables_rounds_per_row_count_against_the_servers_byte_limit():
     from pushpull.server.sparse import _rows_bytes
 
-    # the rows and their rounds, and room for a commit's snapshot of every row (values, round, slot)
-    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4 + 100 * (4 + 4 + 4)
+    # the rows and their rounds, and room for a commit's snapshot of every row (slot; values and round, grown
+    # by doubling: 1.5 times while it grows)
+    assert _rows_bytes(100, 1, "sgd", elastic=True) == 100 * 4 + 100 * 4 + 100 * 4 + 100 * (4 + 4) * 3 // 2
     assert _rows_bytes(100, 1, "sgd") == 100 * 4
 
 
@@ -367,3 +368,24 @@ def test_a_copy_of_many_rows_grows_its_room_and_reads_every_row_as_of_its_round(
     _copy_step(store, 0, COPY_READ, 0, lo=0, hi=5000, since=-1)
     ids, rows = _changed_answer(replies)[:2]
     assert not errors and ids.tolist() == list(range(5000)) and not rows.any()  # the table at round 0: zeros
+
+
+def test_a_read_after_its_ranks_close_is_refused_even_before_the_close_is_answered():
+    from pushpull.transport.protocol import COPY_CLOSE, COPY_OPEN, COPY_READ
+
+    store, replies, errors = _store()
+    _declare(store)
+    _push(store, 0, 1, [4], [[2, 2]])
+    _copy_step(store, 0, COPY_OPEN, 1)  # round 1 is not applied yet: the close waits for it
+    _copy_step(store, 0, COPY_CLOSE, 1)
+    _copy_step(store, 0, COPY_READ, 1)
+    assert errors and "rank 0 read or closed a copy of round 1 it has not open" in errors[-1]
+
+
+def test_a_copy_of_a_round_far_ahead_of_the_table_is_refused():
+    from pushpull.transport.protocol import COPY_OPEN
+
+    store, replies, errors = _store()
+    _declare(store)
+    _copy_step(store, 0, COPY_OPEN, 50)
+    assert errors and "opened a copy of round 50, the table is at round 0" in errors[-1]
