@@ -456,3 +456,11 @@ class Pipeline:
             # one declared it (or a name, like broadcast's agreement on a size, that the new job no longer uses)
             # would never send one: the declaration would time out and fail the tensor for its next use
             e.declare_later = e.state is INITING
+            if e.declare_later and self.table.seeds.get(e.name) is not None and any(p.moved for p in e.parts):
+                # a key with a seed (DiLoCo's outer keys, asynchronous training's) that moved off a lost server is
+                # declared where it moved now, by every worker holding it. Why: DiLoCo goes on without a restore,
+                # so its workers are not at the same point: one that took a round's answer before the change moves
+                # on to a round of another key, and would declare this one only after that round, which waits for
+                # the workers retrying this one, which wait for its declaration
+                e.declare_later = False
+                self.send_inits(e, [p for p in e.parts if not p.inited])

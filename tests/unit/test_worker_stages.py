@@ -405,6 +405,22 @@ def test_a_moved_partition_is_declared_again_by_its_next_op_not_at_the_change():
     assert again.handle.done() and again.handle.error is None and op.entry.state is READY
 
 
+def test_a_moved_partition_with_a_seed_is_declared_where_it_moved_at_the_change():
+    """DiLoCo's outer keys (and asynchronous training's) have seeds, and their workers are not at the same point
+    after a change: one that took a round's answer before it moves on to another key's round, which waits for
+    the workers retrying this key, which would wait for its declaration by that one's next op (the flaky
+    test_a_lost_servers_outer_state_is_seeded_from_the_workers[streaming-overlap], 2 runs of 17)."""
+    hw = Harness()
+    op = hw.submit("t", torch.ones(2))
+    hw.pump()
+    hw.pipeline.table.seeds["t"] = (1, np.ones(2, np.float32), None)
+    hw.kv.gen = 1
+    hw.pipeline.restart("the job changed", {op.entry.parts[0].key: 1})
+    assert _inits(hw)[-1] == ("s1", op.entry.parts[0].key) and not op.entry.declare_later
+    hw.pump()
+    assert op.entry.state is READY and not op.entry.parts[0].moved
+
+
 def test_a_moved_partition_keeps_its_seed_flag_until_the_server_acknowledges_it():
     """Sent again after another change (its first INIT answered by no one), a moved outer key's declaration must
     still carry its seed."""
