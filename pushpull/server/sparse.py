@@ -352,20 +352,27 @@ class SparseStore:
         if h.round < t.applied:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the rows changed as of round "
                               f"{h.round}, the table is at round {t.applied}")
+        lo, hi = self._asked_range(msg, t, "pull of changed rows")
+        self._answer_or_wait(identity, h, t, ("changed", lo, hi, int(h.extra) - 1, h.sender), "pull of changed rows")
+
+    def _asked_range(self, msg: Msg, t: SparseTable, what: str) -> tuple[int, int]:
+        """The row range [lo, hi) a pull of changed rows or a copy's read asks for (two int64): inside this server's
+        rows, and with an answer that fits in a message whatever changed."""
+        h = msg.header
         buf = msg.body_view()
         if len(buf) != 16:
-            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows has {len(buf)} bytes, "
-                              f"expected 16 (the range)")
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what} has {len(buf)} bytes, expected 16 "
+                              f"(the range)")
         lo, hi = (int(x) for x in np.frombuffer(buf, dtype="<i8"))
         if not t.lo <= lo <= hi <= t.hi:
-            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} asked for the changed rows of [{lo}, {hi}), "
-                              f"this server holds [{t.lo}, {t.hi})")
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what} asked for rows [{lo}, {hi}), this "
+                              f"server holds [{t.lo}, {t.hi})")
         per_row = 8 + 4 * t.dim * (2 if t.accum is not None else 1)
         if (hi - lo) * per_row > self.cfg.max_message_bytes:
-            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s pull of changed rows [{lo}, {hi}) could "
-                              f"need {(hi - lo) * per_row} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
+            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s {what} of rows [{lo}, {hi}) could need "
+                              f"{(hi - lo) * per_row} bytes, over PUSHPULL_MAX_MESSAGE_BYTES="
                               f"{self.cfg.max_message_bytes}")
-        self._answer_or_wait(identity, h, t, ("changed", lo, hi, int(h.extra) - 1, h.sender), "pull of changed rows")
+        return lo, hi
 
     def _copy(self, identity: bytes, msg: Msg, t: SparseTable) -> None:
         """A step of a commit's copy of round ``h.round`` (protocol COPY_*): open it (the first rank to do so makes
@@ -398,16 +405,7 @@ class SparseStore:
         if h.numel != COPY_READ:
             raise SparseError(f"sparse table {t.name!r}: rank {h.sender} sent copy step {h.numel} (known: "
                               f"{COPY_OPEN} open, {COPY_READ} read, {COPY_CLOSE} close)")
-        buf = msg.body_view()
-        if len(buf) != 16:
-            raise SparseError(f"sparse table {t.name!r}: rank {h.sender}'s read of a copy has {len(buf)} bytes, "
-                              f"expected 16 (the range)")
-        lo, hi = (int(x) for x in np.frombuffer(buf, dtype="<i8"))
-        per_row = 8 + 4 * t.dim * (2 if t.accum is not None else 1)
-        if not t.lo <= lo <= hi <= t.hi or (hi - lo) * per_row > self.cfg.max_message_bytes:
-            raise SparseError(f"sparse table {t.name!r}: rank {h.sender} read rows [{lo}, {hi}) of a copy: this server "
-                              f"holds [{t.lo}, {t.hi}), and an answer holds at most "
-                              f"{self.cfg.max_message_bytes // per_row} rows (PUSHPULL_MAX_MESSAGE_BYTES)")
+        lo, hi = self._asked_range(msg, t, "read of a copy")
         self._answer_or_wait(identity, h, t, ("copy", lo, hi, int(h.extra) - 1, h.sender, snap), "read of a copy")
 
     def _answer_or_wait(self, identity: bytes, h: Header, t: SparseTable, what_rows, what: str) -> None:

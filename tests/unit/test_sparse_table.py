@@ -139,7 +139,7 @@ def test_a_pull_of_changed_rows_outside_the_servers_range_is_refused_naming_it()
     store, replies, errors = _store()
     _declare(store, rows=20, lo=0, hi=10)
     _pull_changed(store, 0, 0, 5, 15, since=-1)
-    assert errors and "asked for the changed rows of [5, 15), this server holds [0, 10)" in errors[-1]
+    assert errors and "pull of changed rows asked for rows [5, 15), this server holds [0, 10)" in errors[-1]
 
 
 def test_a_pull_of_changed_rows_that_could_overflow_a_message_is_refused():
