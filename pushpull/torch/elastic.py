@@ -204,7 +204,7 @@ class TorchState(State):
         is complete already). Before a planned stop or a measurement."""
         self._copied()
 
-    def _table_copied(self, table) -> None:
+    def _table_copied(self) -> None:
         """A table's step ended its copy's steps: the commit's copies end once every table's has (the tables
         step in the same order on every worker, so every worker gets here at the same step)."""
         if self._pending is not None and all(m.copy_steps_done() for m in self._pending[1]):

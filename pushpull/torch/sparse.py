@@ -93,7 +93,7 @@ class SparseEmbedding(torch.nn.Module):
         self._copy_stepped = 0  # steps since that commit
         self.copy_steps = 0  # the steps the last commit's copy takes (the same on every worker; 0: none streamed)
         self._pushed = [0, 0]  # bytes pushed and steps since the last commit (what a copy's pace is measured by)
-        self.on_copied = None  # called (with this table) at the step that ends the copy's steps (TorchState's)
+        self.on_copied = None  # called at the step that ends the copy's steps (TorchState's)
         self.resumes = 0  # times the table was loaded again after a change of the job
         if eng.joined_late:  # a worker that came into the running job: elastic.run's sync loads the table
             return
@@ -144,7 +144,7 @@ class SparseEmbedding(torch.nn.Module):
         self._pushed[0] += len(ids[0]) * (8 + 4 * self.embedding_dim) if ids else 0
         self._pushed[1] += 1
         if stream is not None and self._copy_stepped >= self.copy_steps and self.on_copied is not None:
-            self.on_copied(self)
+            self.on_copied()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the lookups since the last step (their gradients are not pushed)."""
