@@ -131,8 +131,8 @@ class TorchState(State):
     step in progress is dropped on a reset (``DistributedOptimizer.reset``). The model's
     :class:`pushpull.torch.SparseEmbedding` tables are committed and restored with it: their rows live on the
     servers, and the workers keep a copy as of the last commit (docs/sparse.md). That copy streams over the
-    PUSHPULL_SPARSE_COPY_STEPS steps after ``commit()``; the commit is the one a change goes back to once it is
-    complete (until then, the one before)."""
+    steps after ``commit()`` (at most PUSHPULL_SPARSE_COPY_STEPS); the commit is the one a change goes back to
+    once it is complete (until then, the one before)."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **values):
