@@ -8,9 +8,9 @@ One elastic job (PUSHPULL_MIN_WORKERS=2): 2 worker hosts and 2 server hosts (sep
 cluster, every link shaped to ``--rate``. Each worker trains a SparseEmbedding (SGD on the servers) inside an
 ``elastic.TorchState``: a lookup of ``--batch`` uniformly random ids, backward, ``step()``; phase i runs
 ``steps[i]`` steps and calls ``state.commit()`` every ``every[i]`` steps (0: never), its copy streaming over
-at most ``copy_steps[i]`` steps (PUSHPULL_SPARSE_COPY_STEPS; 0: the commit reads it all at once). The phases run one after
-the other in the same job, the commit-free one first and again last, so the noise of this shared VM shows.
-A commit reads the rows of the worker's shards (with 2 workers: the whole table) changed since the previous
+at most ``copy_steps[i]`` steps (PUSHPULL_SPARSE_COPY_STEPS; 0: the commit reads it all at once). The phases
+run one after the other in the same job, the commit-free one first and again last, so the noise of this shared
+VM shows. A commit reads the rows of the worker's shards (with 2 workers: the whole table) changed since the previous
 commit; uniform ids are the worst case for it (the changed rows grow fastest). A phase's timed window is steady
 state: from right after a commit to right after the one ``steps`` later, so it holds ``steps // every`` commits
 and as many copies.
@@ -106,7 +106,8 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
         "",
         f"`flock /tmp/pushpull-cpu.lock python benchmarks/sparse_elastic.py --rate {args.rate} --rows {args.rows} "
         f"--dim {args.dim} --batch {args.batch} --every {','.join(map(str, args.every))} "
-        f"--steps {','.join(map(str, args.steps))} --copy-steps {','.join(map(str, args.copy_steps))}`: a {args.rows:,} x {args.dim} fp32 SparseEmbedding (SGD on the "
+        f"--steps {','.join(map(str, args.steps))} --copy-steps {','.join(map(str, args.copy_steps))}`: "
+        f"a {args.rows:,} x {args.dim} fp32 SparseEmbedding (SGD on the "
         f"servers), 2 worker hosts and 2 server hosts (separate), every link "
         f"{args.rate if rate_Bps else 'LOOPBACK FALLBACK (no shaping)'}; each step looks up {args.batch:,} uniformly "
         f"random ids per worker. An elastic job (PUSHPULL_MIN_WORKERS=2): with 2 workers each keeps the whole table "

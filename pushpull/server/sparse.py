@@ -390,8 +390,8 @@ class SparseStore:
                                       f"table is at round {t.applied} (a copy is of it or of one of the next {AHEAD})")
                 snap = t.snapshot = Snapshot(h.round, t.hi - t.lo, t.dim, t.accum is not None)
             elif snap.round != h.round:
-                raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round} while the "
-                                  f"copy of round {snap.round} is open (rank(s) "
+                raise SparseError(f"sparse table {t.name!r}: rank {h.sender} opened a copy of round {h.round} while "
+                                  f"the copy of round {snap.round} is open (rank(s) "
                                   f"{sorted(set(range(t.num_workers)) - snap.closed)} have not closed it)")
             snap.opened.add(h.sender)
             return

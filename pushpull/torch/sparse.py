@@ -24,7 +24,8 @@ the previous one, streamed over the next steps (at most PUSHPULL_SPARSE_COPY_STE
 snapshot of the commit's round (the commit counts once they are all in). A change of the workers or of the
 servers drops the table on the servers; ``elastic.run`` then declares it again over the servers alive and
 loads every shard from a worker holding it at the commit the job goes back to, so the table, like the model,
-is the last commit's: nothing lost with a server, no round applied twice. Losing both holders of a shard at once is an error naming the rows.
+is the last commit's: nothing lost with a server, no round applied twice. Losing both holders of a shard
+at once is an error naming the rows.
 """
 from __future__ import annotations
 

@@ -330,7 +330,8 @@ class CopyStream:
         for i, (lo, hi) in enumerate(ranges):
             for j in range(client.servers):
                 a, b = max(lo, client.bounds[j]), min(hi, client.bounds[j + 1])
-                self.todo += [(i, j, c, min(b, c + client.copy_chunk_rows)) for c in range(a, b, client.copy_chunk_rows)]
+                step = client.copy_chunk_rows
+                self.todo += [(i, j, c, min(b, c + step)) for c in range(a, b, step)]
         self.todo.reverse()  # popped from the end
         self.rows_left = sum(hi - lo for _, _, lo, hi in self.todo)
         self.asked: list[list[int]] = [[] for _ in range(client.servers)]  # per server: range index of each answer
