@@ -307,7 +307,6 @@ class SparseClient:
                 self._recv(j, MsgType.SPARSE_ACK, None, "a push's acknowledgement")
 
 
-
 def _joined(parts: list, dim: int, adagrad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Answers of changed rows, (ids, rows, accumulators) each, as one."""
     return (np.concatenate([np.empty(0, np.int64)] + [p[0] for p in parts]),
@@ -336,7 +335,6 @@ class CopyStream:
         self.rows_left = sum(hi - lo for _, _, lo, hi in self.todo)
         self.asked: list[list[int]] = [[] for _ in range(client.servers)]  # per server: range index of each answer
         self.parts: list[list] = [[] for _ in ranges]
-        self.closing = False
         for j in range(client.servers):
             client._send(j, Header(MsgType.SPARSE_COPY, key=client.key, round=self.round, numel=COPY_OPEN), [])
 
