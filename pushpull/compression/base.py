@@ -429,6 +429,24 @@ class Codec:
     def reset(self) -> None:
         """Forget per-tensor state (residuals, momentum). Stateless: nothing."""
 
+    # a codec that draws from a random stream keeps it here (random-k, dithering): its position is state
+    _rng: np.random.Generator | None = None
+
+    def state_dict(self) -> dict:
+        """What this codec carries from one compress to the next (a residual, momentum, a random stream's
+        position), as name -> tensor, number, JSON-able value or None; tensors are its own, not copies. Why: an
+        elastic commit keeps it, so that a restore sends the replayed steps through the codec as it was at the
+        commit (docs/elastic.md); without it a replayed step's momentum or residual counts twice."""
+        return {} if self._rng is None else {"rng": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go back to a :meth:`state_dict` (its tensors are copied). ValueError: names this codec does not have."""
+        unknown = sorted(set(state) - ({"rng"} if self._rng is not None else set()))
+        if unknown:
+            raise ValueError(f"{self.name}: no state named {unknown}")
+        if "rng" in state:
+            self._rng.bit_generator.state = state["rng"]  # NumPy checks it (a dict of the generator's kind)
+
     # -- codec hooks (class level; used by Payload and decode_payload) ----
     @staticmethod
     def layout(numel: int, dtype: torch.dtype, param: int, count: int, flags: int) -> list[tuple[torch.dtype, int]]:

@@ -21,6 +21,7 @@ class ErrorFeedback(Wrapper):
     """
 
     key, value, order, on_server = "ef", "vanilla", 10, True
+    own_state = ("error", "lr_prev")
 
     def __init__(self, compressor: Codec, lr_getter: Callable[[], float] | None = None):
         super().__init__(compressor)
@@ -41,6 +42,12 @@ class ErrorFeedback(Wrapper):
     def forget(self) -> None:
         self._error = self._decoded = None
         self._lr_prev = None
+
+    def _loaded(self) -> None:
+        if self._lr_prev is not None:
+            self._lr_prev = float(self._lr_prev)
+        if self._error is not None:
+            self._decoded = torch.empty_like(self._error)
 
     def _lr_ratio(self) -> float:
         if self.lr_getter is None:

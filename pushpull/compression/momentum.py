@@ -23,6 +23,7 @@ class NesterovMomentum(Wrapper):
 
     key, value, order, on_server, every_tensor = "momentum", "nesterov", 20, False, True
     options = {"mu": Option(0.9, _check_mu, "Nesterov momentum coefficient, in [0, 1)")}
+    own_state = ("momentum",)
 
     def __init__(self, compressor: Codec, mu: float = 0.9):
         mu = float(mu)
@@ -43,6 +44,10 @@ class NesterovMomentum(Wrapper):
 
     def forget(self) -> None:
         self._momentum = self._lookahead = None
+
+    def _loaded(self) -> None:
+        if self._momentum is not None:
+            self._lookahead = torch.empty_like(self._momentum)
 
     def compress(self, tensor: torch.Tensor) -> Payload:
         grad = tensor.detach().cpu()

@@ -41,6 +41,28 @@ class Wrapper(Codec):
         self.forget()
         self.inner.reset()
 
+    # this wrapper's own state's names (the codec it wraps has its own, under "inner.")
+    own_state: ClassVar[tuple[str, ...]] = ()
+
+    def state_dict(self) -> dict:
+        inner = {f"inner.{k}": v for k, v in self.inner.state_dict().items()}
+        return {**inner, **{k: getattr(self, f"_{k}") for k in self.own_state}}
+
+    def load_state_dict(self, state: dict) -> None:
+        own = {k: v for k, v in state.items() if not k.startswith("inner.")}
+        unknown = sorted(set(own) - set(self.own_state))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: no state named {unknown}")
+        self.inner.load_state_dict({k[len("inner."):]: v for k, v in state.items() if k.startswith("inner.")})
+        self.forget()
+        for k in self.own_state:
+            v = own.get(k)
+            setattr(self, f"_{k}", v.detach().clone() if isinstance(v, torch.Tensor) else v)
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """After :meth:`load_state_dict`: rebuild what is derived from the state (scratch buffers)."""
+
     def decompress(self, payload, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.inner.decompress(payload, out)
 

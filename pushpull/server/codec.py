@@ -10,7 +10,7 @@ import torch
 
 from pushpull import dtypes
 from pushpull.compression import build_server, decode_payload
-
+from pushpull.compression.state import pack_state, unpack_state
 
 
 class ServerCodec:
@@ -21,6 +21,39 @@ class ServerCodec:
         self.numel = numel
         self.lr = 1.0  # set from each compressed push's header: the learning rate the workers train with
         self.chain = build_server(spec, seed_offset=key, lr_getter=lambda: self.lr)
+        self.dtype_name = dtype
+        # the job changed (set on the I/O thread at a RESET): the sums of the rounds before are gone, and so is the
+        # residual they left, on this server as on a server the key moves to. Acted on by the engine thread, at its
+        # next sum or state load: an engine thread may be compressing a dropped round's sum meanwhile
+        self.stale = False
+        self.commit = -1  # the elastic commit whose state was loaded in this generation (the newest load wins)
+
+    def reset(self) -> None:
+        """A new generation of workers (KeyState.reset, on the I/O thread)."""
+        self.stale = True
+        self.commit = -1
+
+    def _fresh(self) -> None:
+        if self.stale:
+            self.stale = False
+            self.chain.reset()
+
+    def state(self) -> bytes:
+        """The error feedback's residual (and a random stream's position) as of the last sum, packed
+        (pushpull.compression.state): an elastic commit's copy, which workers keep."""
+        self._fresh()
+        return pack_state(self.chain.state_dict())
+
+    def load(self, buf, commit: int) -> bool:
+        """Go back to a commit's state (a worker's copy, after a change); an older commit's than one loaded in
+        this generation is ignored (False). ValueError: a state that is not this key's."""
+        state = unpack_state(buf, self.numel, self.dtype_name)
+        self._fresh()
+        if commit < self.commit:
+            return False
+        self.chain.load_state_dict(state)
+        self.commit = commit
+        return True
 
     def decompress_push(self, sender: int, buf) -> np.ndarray:
         """The push as NumPy data in the wire representation the accumulator sums."""
@@ -34,6 +67,7 @@ class ServerCodec:
         return t.numpy()
 
     def compress_sum(self, total: np.ndarray) -> np.ndarray:
+        self._fresh()
         t = torch.from_numpy(np.ascontiguousarray(total))
         if self.dtype == torch.bfloat16:
             t = t.view(torch.int16).view(torch.bfloat16)

@@ -8,6 +8,7 @@ ERROR naming the ranks and what each declared.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -25,6 +26,7 @@ from pushpull.transport.protocol import Header, Msg, MsgType, decode_json, dtype
 # keys up to this size are summed on the I/O thread even with engine threads: queueing a push for
 # another thread and waking it costs more than adding a few thousand numbers
 INLINE_KEY_BYTES = 65536
+log = logging.getLogger(__name__)
 OPS = ("sum", "min", "max", "product", "concat", "store", "outer")
 
 
@@ -45,6 +47,9 @@ class Declarations:
         # since: the only keys a declaration may bring a seed for, so one rank cannot make this server hold seeds
         # at will
         self.moved_here: set[int] = set()
+        # key -> (compression state, commit): a load (CODEC_STATE) for a key not declared here yet, taken at its
+        # declaration; cleared at a change
+        self.codec_states: dict[int, tuple[bytes, int]] = {}
         self._reply = reply
         self._error = error
 
@@ -155,6 +160,13 @@ class Declarations:
                 self._fail(key, pend, f"tensor {decl['name']!r}: compression {decl['compression']} "
                                       f"rejected by the server: {e}")
                 return None
+            kept = self.codec_states.pop(key, None)
+            if kept is not None:  # moved here after a change: the commit's state, which a worker loaded before this
+                try:
+                    ks.codec.load(*kept)
+                except ValueError as e:
+                    log.error("tensor %r: the compression state loaded for it does not fit it (%s); it starts "
+                              "from zero", decl["name"], e)
         if ks.op == "outer":  # DiLoCo / local SGD: the servers keep the global parameters and step them
             problem = outer_problem(decl)
             if problem:

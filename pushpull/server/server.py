@@ -34,8 +34,8 @@ from pushpull.server.members import Members
 from pushpull.server.reduce import wire_view
 from pushpull.server.sparse import SparseStore
 from pushpull.transport.protocol import (
-    OUTER_PRESENT_ONLY, Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32, decode_json,
-    dtype_code, dtype_name, encode_json,
+    OUTER_PRESENT_ONLY, STATE_READ, STATE_WRITE, Flags, Header, Msg, MsgType, ProtocolError, backup_extra, bits_f32,
+    decode_json, dtype_code, dtype_name, encode_json,
 )
 from pushpull.transport import shm
 from pushpull.transport.lane import lane_key, lane_sealed
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 SOCK = "workers"
 _SPARSE = (MsgType.SPARSE_INIT, MsgType.SPARSE_PUSH, MsgType.SPARSE_PULL, MsgType.SPARSE_COPY)
 _DEADLINE = object()  # an engine-queue item: check this outer key's round deadline (on the key's own thread)
-_FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, *_SPARSE)
+_FROM_WORKERS = (MsgType.PUSH, MsgType.PULL, MsgType.INIT, MsgType.STATUS, MsgType.CODEC_STATE, *_SPARSE)
 _PUSH_PULL = (MsgType.PUSH, MsgType.PULL)
 AWAITED_AFTER_S = 1.0  # metrics: a round open this long names the ranks it still waits for
 
@@ -186,6 +186,7 @@ class Server:
             ks.shm_ranks = set()
             ks.reset(self.members.num_workers)
         self.declarations.pending.clear()  # the workers declare again what was pending
+        self.declarations.codec_states.clear()  # (and load their compression state again)
         me = self.members.node_id - nodes.SERVER_BASE
         moved = {int(key): int(to) for key, to in d.get("moved", {}).items()}
         here = self.declarations.moved_here
@@ -274,6 +275,8 @@ class Server:
                 self.declarations.init(identity, msg)
             elif h.type in _SPARSE:
                 self.sparse.handle(identity, msg)
+            elif h.type == MsgType.CODEC_STATE:
+                self._codec_state(identity, msg)
             else:
                 self._error(identity, h.key, f"a server does not handle {h.type.name}", h.req_id)
         except ProtocolError as e:
@@ -350,6 +353,45 @@ class Server:
                     [encode_json({"stage": stage, "have": sorted(have), "missing": sorted(everyone - have),
                                   "dropped": dropped})])
 
+    def _codec_state(self, identity: bytes, msg: Msg) -> None:
+        """CODEC_STATE: a key's server-side compression state read at an elastic commit, or loaded back after a
+        change; on the key's engine thread, in order with its pushes. A load for a key that moved here and is not
+        declared yet waits with its declaration (declare.py)."""
+        h = msg.header
+        ks = self.keys.get(h.key)
+        if ks is None:
+            d = self.declarations
+            if h.numel == STATE_WRITE and (h.key in d.moved_here or h.key in d.pending):
+                d.codec_states[h.key] = (bytes(msg.body_view()), h.extra)
+                self._reply(identity, Header(MsgType.CODEC_STATE, key=h.key, round=h.round, numel=h.numel,
+                                             req_id=h.req_id), [b""])
+                return
+            self._error(identity, h.key, f"CODEC_STATE for key {h.key}, which this server does not hold", h.req_id)
+            return
+        if ks.codec is None or ks.outer is not None or ks.store is not None:
+            self._error(identity, h.key, f"tensor {ks.name!r}: no compression state on the server", h.req_id)
+            return
+        if self.engines and not ks.inline:
+            self._hand_off(h.key % len(self.engines), (identity, msg, ks))
+        else:
+            self._serve(identity, msg, ks)
+
+    def _codec_state_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        h = msg.header
+        if h.numel == STATE_READ:
+            if h.round != ks.completed:
+                raise RoundError(f"tensor {ks.name!r}: rank {h.sender} asked for its compression state as of round "
+                                 f"{h.round}, the key completed round {ks.completed} (commit between steps, with "
+                                 f"nothing in flight)")
+            body = ks.codec.state()
+        elif h.numel == STATE_WRITE:
+            ks.codec.load(msg.body_view(), h.extra)
+            body = b""
+        else:
+            raise ProtocolError(f"CODEC_STATE step {h.numel}")
+        self._reply(identity, Header(MsgType.CODEC_STATE, key=h.key, round=h.round, numel=h.numel, req_id=h.req_id),
+                    [body])
+
     def _check_inits(self) -> None:
         self.sparse.check_inits(self.cfg.timeout)
         for ks in list(self.keys.values()):  # DiLoCo's round deadline: on the key's own thread
@@ -406,7 +448,9 @@ class Server:
         if h.gen != self.members.gen:  # queued before the workers changed (a RESET since): its round no longer exists
             return
         try:
-            if ks.store is not None:
+            if h.type == MsgType.CODEC_STATE:
+                self._codec_state_op(identity, msg, ks)
+            elif ks.store is not None:
                 self._async_op(identity, msg, ks)
             elif ks.outer is not None:
                 self._outer_op(identity, msg, ks)

@@ -42,6 +42,7 @@ import torch
 
 from pushpull.config import read_setting
 from pushpull.torch import functions, ops
+from pushpull.worker import codec_state
 from pushpull.worker.handle import WorkersChanged
 
 log = logging.getLogger("pushpull.elastic")
@@ -132,7 +133,8 @@ class TorchState(State):
     :class:`pushpull.torch.SparseEmbedding` tables are committed and restored with it: their rows live on the
     servers, and the workers keep a copy as of the last commit (docs/sparse.md). That copy streams over the
     steps after ``commit()`` (at most PUSHPULL_SPARSE_COPY_STEPS); the commit is the one a change goes back to
-    once it is complete (until then, the one before)."""
+    once it is complete (until then, the one before). The compression state (the workers' error feedback and
+    momentum, the servers' error feedback) is committed and restored with it (pushpull.worker.codec_state)."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **values):
@@ -142,6 +144,8 @@ class TorchState(State):
         object.__setattr__(self, "_model_saved", None)
         object.__setattr__(self, "_opt_saved", None)
         object.__setattr__(self, "_pending", None)  # a commit whose sparse tables' copies stream: (copy, tables)
+        object.__setattr__(self, "_codecs_saved", None)  # the compression state of the last commit
+        object.__setattr__(self, "_codecs_to_load", None)  # ... which the servers get back at the next sync
         self._install(self._copy())
 
     def _copy(self) -> dict:
@@ -150,12 +154,16 @@ class TorchState(State):
             kept["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         if self.optimizer is not None:
             kept["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        eng = ops.engine()
+        if eng is not None:
+            kept["codecs"] = codec_state.commit(eng, self._commits + 1)
         return kept
 
     def _install(self, kept: dict) -> None:
         super()._install(kept)
         self.__dict__["_model_saved"] = kept.get("model")
         self.__dict__["_opt_saved"] = kept.get("optimizer")
+        self.__dict__["_codecs_saved"] = kept.get("codecs")
 
     def _sparse(self) -> list:
         from pushpull.torch.sparse import SparseEmbedding
@@ -253,10 +261,18 @@ class TorchState(State):
                 self.optimizer.reset()
             if self._opt_saved is not None:
                 self.optimizer.load_state_dict(copy.deepcopy(self._opt_saved))
+        eng = ops.engine()
+        if eng is not None:
+            codec_state.restore(eng, self._codecs_saved)
+            self.__dict__["_codecs_to_load"] = self._codecs_saved
 
     def sync(self, root_rank: int = 0) -> None:
+        eng = ops.engine()
+        if eng is not None and self._codecs_to_load is not None:  # after a restore, before anyone steps again
+            codec_state.load_servers(eng, self._codecs_to_load)
+            self.__dict__["_codecs_to_load"] = None
         super().sync(root_rank)
-        if ops.engine() is None:
+        if eng is None:
             return
         if self.model is not None:
             functions.broadcast_parameters(self.model.state_dict(), root_rank=root_rank, prefix="elastic.model.")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pushpull import dtypes as _dt
 
 MAGIC = 0x5050  # "PP"
-VERSION = 10  # 10: an elastic commit's copy of a sparse table streamed from a snapshot (SPARSE_COPY)
+VERSION = 11  # 11: a key's server-side compression state read at an elastic commit and loaded back (CODEC_STATE)
+#             10: an elastic commit's copy of a sparse table streamed from a snapshot (SPARSE_COPY)
 #             9: a sparse table's changed rows (Flags.CHANGED; a load's Adagrad accumulators)
 #             8: same-host payloads in shared memory (Flags.SHM, an INIT_ACK's region);
 #             7: INIT and ASSIGN writers (the ranks that push a key: one per machine with the local reduce),
@@ -63,6 +64,7 @@ class MsgType(enum.IntEnum):
     SPARSE_ROWS = 31    # answer to SPARSE_PULL: the rows (float32), in the order asked
     SPARSE_ACK = 32     # answer to SPARSE_INIT, to a SET push, and to a push that asked for it
     SPARSE_COPY = 33    # an elastic commit's copy of a table as of round ``round``; ``numel`` is the step (COPY_*)
+    CODEC_STATE = 34    # a key's server-side compression state (error feedback): ``numel`` is STATE_READ or STATE_WRITE
     # either
     ERROR = 40
     BATCH = 41          # several small messages for one peer in one frame (see pack_batch)
@@ -93,6 +95,12 @@ class Flags:
 # two int64; ``extra``: one more than the round the worker's copy is of; answered with SPARSE_ROWS|CHANGED) and
 # closes it (answered with an empty SPARSE_ROWS|CHANGED); the server forgets the copy once every worker closed it
 COPY_OPEN, COPY_READ, COPY_CLOSE = 1, 2, 3
+
+# CODEC_STATE steps (in ``numel``): STATE_READ asks for the key's state as of round ``round`` (the last it completed:
+# an elastic commit, every worker between steps), answered with CODEC_STATE and the state packed
+# (pushpull.compression.state); STATE_WRITE loads such a state back after a change (``extra``: the commit it is
+# of; the newest commit loaded in a generation wins), answered with an empty CODEC_STATE
+STATE_READ, STATE_WRITE = 1, 2
 
 
 # dtype code <-> dtype name (and item size): the header numbering of pushpull.dtypes

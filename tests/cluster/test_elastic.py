@@ -183,3 +183,17 @@ def test_keys_only_part_of_the_job_declared_survive_a_move_and_a_later_use():
     # both survivors summed the size-2 keys before the replacement came and again after it left
     sizes = re.findall(r"STALE rank \d->\d size 2 sizes (\[[\d, ]+\]) stale sums (\d+)", out)
     assert len(sizes) == 2 and all("3" in s and s.rstrip("]").endswith("2") for s, _ in sizes), out[-4000:]
+
+
+def test_compressed_training_ends_where_a_run_without_failures_would_after_a_lost_server():
+    """Top-k with error feedback on the workers and the servers and Nesterov momentum on the workers; a server is
+    SIGKILLed after a commit and the job goes back to it: the compression state goes back with it (the workers'
+    from memory, the servers' from the copies two workers each read at the commit), so the parameters end bit for
+    bit where a run without failures ends (tests/scripts/elastic_codec_worker.py computes that run; without the
+    state going back they end 0.75 from it)."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "2", "--min-workers", "2",
+            "--", sys.executable, str(ROOT / "tests" / "scripts" / "elastic_codec_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and out.count("ALL-OK") == 2, out[-3000:]
+    assert out.count("resets 1 parts 4 off by 0.0") == 2, out[-3000:]

@@ -1,0 +1,173 @@
+"""The compression state an elastic commit keeps (pushpull.worker.codec_state), without processes: a codec chain
+loaded back from its state_dict compresses the replayed steps exactly as the first time (error feedback, Nesterov
+momentum, a random stream's position); the wire form of a state is bounded by the key it is for; a server's codec
+drops its residual at a change and takes the newest commit's state back. The whole path under the launcher:
+tests/cluster/test_elastic.py::test_compressed_training_ends_where_a_run_without_failures_would_after_a_lost_server."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pushpull.compression import build, decode_payload
+from pushpull.compression.state import pack_state, unpack_state
+from pushpull.server.codec import ServerCodec
+from pushpull.worker.codec_state import holds
+
+SPECS = {
+    "topk+ef+momentum": {"compressor": "topk", "k": 0.2, "ef": "vanilla", "momentum": "nesterov", "mu": 0.9},
+    "onebit+ef": {"compressor": "onebit", "ef": "vanilla"},
+    "randomk": {"compressor": "randomk", "k": 0.1, "seed": 5},
+    "dithering+ef": {"compressor": "dithering", "k": 4, "seed": 2, "ef": "vanilla"},
+}
+
+
+def _grads(count: int, n: int = 200, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g) for _ in range(count)]
+
+
+def _clone(state: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+def test_a_chain_loaded_back_replays_the_steps_after_it_exactly(spec):
+    chain = build(spec, lr_getter=lambda: 0.1)
+    grads = _grads(8)
+    for g in grads[:3]:
+        chain.compress(g)
+    kept = _clone(chain.state_dict())
+    first = [decode_payload(chain.compress(g)) for g in grads[3:]]
+    chain.load_state_dict(kept)
+    again = [decode_payload(chain.compress(g)) for g in grads[3:]]
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def test_without_the_load_a_replayed_step_differs():
+    """What the test above guards against: the momentum and residual of the steps after the commit count twice."""
+    chain = build(SPECS["topk+ef+momentum"])
+    grads = _grads(5)
+    for g in grads[:2]:
+        chain.compress(g)
+    first = [decode_payload(chain.compress(g)) for g in grads[2:]]
+    again = [decode_payload(chain.compress(g)) for g in grads[2:]]
+    assert not all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_a_loaded_state_is_a_copy_the_codec_does_not_write_into():
+    chain = build(SPECS["onebit+ef"])
+    chain.compress(_grads(1)[0])
+    kept = _clone(chain.state_dict())
+    before = kept["error"].clone()
+    chain.load_state_dict(kept)
+    chain.compress(_grads(1, seed=1)[0])
+    assert torch.equal(kept["error"], before)
+
+
+def test_loading_a_state_with_a_name_the_chain_lacks_is_refused():
+    chain = build(SPECS["onebit+ef"])
+    with pytest.raises(ValueError, match="momentum"):
+        chain.load_state_dict({"momentum": torch.zeros(3)})
+    with pytest.raises(ValueError, match="rng"):
+        chain.load_state_dict({"inner.rng": {}})
+
+
+def test_a_state_survives_the_wire_form():
+    chain = build(SPECS["dithering+ef"], lr_getter=lambda: 0.5)
+    chain.compress(_grads(1)[0])
+    state = chain.state_dict()
+    back = unpack_state(pack_state(state), 200, "float32")
+    assert set(back) == set(state)
+    assert torch.equal(back["error"], state["error"]) and back["lr_prev"] == 0.5
+    assert back["inner.rng"] == state["inner.rng"]
+
+
+@pytest.mark.parametrize("numel,dtype", [(199, "float32"), (200, "float16")])
+def test_the_wire_form_is_refused_for_another_keys_size_or_dtype(numel, dtype):
+    chain = build(SPECS["onebit+ef"])
+    chain.compress(_grads(1)[0])
+    with pytest.raises(ValueError, match="the key is"):
+        unpack_state(pack_state(chain.state_dict()), numel, dtype)
+
+
+@pytest.mark.parametrize("cut", ["short", "json", "tensor", "trailing"])
+def test_a_malformed_wire_form_is_refused(cut):
+    chain = build(SPECS["onebit+ef"])
+    chain.compress(_grads(1)[0])
+    buf = pack_state(chain.state_dict())
+    bad = {"short": buf[:2], "json": buf[:4] + b"[" + buf[5:], "tensor": buf[:-4], "trailing": buf + b"x"}[cut]
+    with pytest.raises(ValueError, match="codec state"):
+        unpack_state(bad, 200, "float32")
+
+
+def _server(spec=None) -> ServerCodec:
+    return ServerCodec(spec or SPECS["onebit+ef"], "float32", 200, key=3)
+
+
+def _sum(codec: ServerCodec, total: torch.Tensor) -> np.ndarray:
+    return codec.compress_sum(total.numpy().copy())
+
+
+def test_a_server_codec_starts_from_zero_after_a_change():
+    codec, fresh = _server(), _server()
+    grads = _grads(3)
+    for g in grads[:2]:
+        _sum(codec, g)
+    codec.reset()
+    assert np.array_equal(_sum(codec, grads[2]), _sum(fresh, grads[2]))
+
+
+def test_a_server_codec_takes_a_commits_state_back_after_a_change():
+    codec, grads = _server(), _grads(4)
+    _sum(codec, grads[0])
+    kept = codec.state()
+    want = [_sum(codec, g) for g in grads[1:]]
+    codec.reset()
+    assert codec.load(kept, commit=2)
+    assert all(np.array_equal(_sum(codec, g), w) for g, w in zip(grads[1:], want))
+
+
+def test_an_older_commits_state_does_not_replace_a_newer_one_in_a_generation():
+    codec, grads = _server(), _grads(3)
+    _sum(codec, grads[0])
+    old = codec.state()
+    _sum(codec, grads[1])
+    new = codec.state()
+    codec.reset()
+    assert codec.load(new, commit=5)
+    assert not codec.load(old, commit=4)
+    assert codec.state() == new
+    codec.reset()  # a new generation: any commit's state is taken again
+    assert codec.load(old, commit=4) and codec.state() == old
+
+
+def test_a_server_codec_refuses_a_state_of_another_size():
+    codec = ServerCodec(SPECS["onebit+ef"], "float32", 100, key=3)
+    with pytest.raises(ValueError, match="the key is float32"):
+        codec.load(pack_state({"error": torch.zeros(200), "lr_prev": None}), 1)
+
+
+def test_server_state_of_random_k_is_empty_and_loads():
+    codec = _server(SPECS["randomk"])
+    assert codec.load(codec.state(), commit=1)
+
+
+def test_a_reseeded_server_codec_equals_a_fresh_chain_for_the_next_sum():
+    """A key moved to another server: its codec there is built fresh and loaded from a worker's copy."""
+    old, grads = _server(), _grads(3)
+    for g in grads[:2]:
+        _sum(old, g)
+    moved = _server()
+    moved.load(old.state(), commit=1)
+    assert np.array_equal(_sum(moved, grads[2]), _sum(old, grads[2]))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_every_partition_is_held_by_two_ranks_or_the_only_one(size):
+    keys = [(t << 24) | i for t in range(1, 9) for i in range(3)]
+    for key in keys:
+        assert sum(holds(key, r, size) for r in range(size)) == min(2, size)
+    if size > 2:  # spread over the ranks, not all on rank 0
+        assert all(any(holds(k, r, size) for k in keys) for r in range(size))
