@@ -27,6 +27,9 @@ class ServerCodec:
         # next sum or state load: an engine thread may be compressing a dropped round's sum meanwhile
         self.stale = False
         self.commit = -1  # the elastic commit whose state was loaded in this generation (the newest load wins)
+        # this server's own copy of the state at the last commit (its id, the state packed): a change that keeps
+        # this server goes back to it (rollback) even when the worker holding the other copy was lost
+        self.kept: tuple[int, bytes] | None = None
 
     def reset(self) -> None:
         """A new generation of workers (KeyState.reset, on the I/O thread)."""
@@ -38,11 +41,22 @@ class ServerCodec:
             self.stale = False
             self.chain.reset()
 
-    def state(self) -> bytes:
+    def state(self, commit: int) -> bytes:
         """The error feedback's residual (and a random stream's position) as of the last sum, packed
-        (pushpull.compression.state): an elastic commit's copy, which workers keep."""
+        (pushpull.compression.state): elastic commit ``commit``'s copy, which one worker reads and this server keeps
+        (1x the key's size in memory until the next commit)."""
         self._fresh()
-        return pack_state(self.chain.state_dict())
+        packed = pack_state(self.chain.state_dict())
+        self.kept = (commit, packed)
+        return packed
+
+    def rollback(self, commit: int) -> bool:
+        """Back to this server's own copy of commit ``commit``; False where it has none (a new server, another
+        commit's): the state stays as the change left it (from zero), unless a worker's copy comes."""
+        if self.kept is None or self.kept[0] != commit:
+            self._fresh()
+            return False
+        return self.load(self.kept[1], commit)
 
     def load(self, buf, commit: int) -> bool:
         """Go back to a commit's state (a worker's copy, after a change); an older commit's than one loaded in

@@ -361,8 +361,10 @@ class Server:
         ks = self.keys.get(h.key)
         if ks is None:
             d = self.declarations
+            body = msg.body_view()
             if h.numel == STATE_WRITE and (h.key in d.moved_here or h.key in d.pending):
-                d.codec_states[h.key] = (bytes(msg.body_view()), h.extra)
+                if len(body):  # (an empty one asks for this server's own copy, which a key new here lacks)
+                    d.codec_states[h.key] = (bytes(body), h.extra)
                 self._reply(identity, Header(MsgType.CODEC_STATE, key=h.key, round=h.round, numel=h.numel,
                                              req_id=h.req_id), [b""])
                 return
@@ -383,9 +385,10 @@ class Server:
                 raise RoundError(f"tensor {ks.name!r}: rank {h.sender} asked for its compression state as of round "
                                  f"{h.round}, the key completed round {ks.completed} (commit between steps, with "
                                  f"nothing in flight)")
-            body = ks.codec.state()
+            body = ks.codec.state(h.extra)
         elif h.numel == STATE_WRITE:
-            ks.codec.load(msg.body_view(), h.extra)
+            state = msg.body_view()
+            ks.codec.load(state, h.extra) if len(state) else ks.codec.rollback(h.extra)
             body = b""
         else:
             raise ProtocolError(f"CODEC_STATE step {h.numel}")

@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, strategy, model,
-                 strategy_options, scale_after: float = 1.0, predivide: float = 1.0, sparse_as_dense: bool = False):
+                 strategy_options, sum_op: bool = False, predivide: float = 1.0, sparse_as_dense: bool = False):
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression if compression is not None else Compression.none
-        self._scale_after = scale_after  # op=Sum: the averaged gradients times size()
+        # op=Sum: the averaged gradients times size(), the size of the step's reduction (an elastic job's changes)
+        self._sum_op = sum_op
         self._predivide = predivide  # gradient_predivide_factor: 1/f before the reduction, f after
         self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
@@ -158,7 +159,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._strategy.on_ready(self._names[p], p.grad, self.priority(p))
         self._strategy.on_backward_done()
         self._strategy.wait_all()
-        factor = self._scale_after * self._predivide
+        factor = (float(ops.size()) if self._sum_op else 1.0) * self._predivide
         if factor != 1.0:
             with torch.no_grad():
                 for p in self._submitted:
@@ -351,7 +352,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         compression = Compression.build(**compression)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, strategy,
-                  model, strategy_options, scale_after=float(ops.size()) if op == collectives.Sum else 1.0,
+                  model, strategy_options, sum_op=op == collectives.Sum,
                   predivide=float(gradient_predivide_factor), sparse_as_dense=sparse_as_dense)
     wrapped.load_state_dict(optimizer.state_dict())
     if ops.config().autotune:  # PUSHPULL_AUTOTUNE=1: the tuner attaches itself to step()

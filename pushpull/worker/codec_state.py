@@ -7,33 +7,47 @@ were, a replayed step's momentum and residual would count twice, and a key that 
 lose its server's residual. So a commit keeps them, and a restore puts them back:
 
 * the worker's own codecs (every compressed partition): a copy in memory, like the model's;
-* the servers' (each compressed partition's sum): read at the commit (CODEC_STATE, STATE_READ) by two workers
-  each, and loaded back (STATE_WRITE) by each of those still in the job. A server drops its residuals at a
-  change, so a partition whose two holders both left starts again from zero, as it would on a new server.
+* the servers' (each compressed partition's sum): at the commit, each server keeps a copy of its own in memory and
+  one worker (:func:`holds`) reads it (CODEC_STATE, STATE_READ). After a change every server drops its residuals;
+  then every worker asks each server to go back to its own copy (STATE_WRITE, empty), and the holder sends its
+  copy too (STATE_WRITE): a lost worker's partitions come back from their servers, a lost server's from their
+  holders. Only a server and the holder of one of its partitions lost together lose that partition's residual
+  (it starts again from zero, as on a new server). One copy off the server, not two: a commit reads 1/n of the
+  compressed tensors' residuals per worker.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
+import zmq
 
 from pushpull.cluster.assign import PART_BITS
-from pushpull.transport.protocol import STATE_READ, STATE_WRITE, Header, MsgType
+from pushpull.transport.protocol import (
+    STATE_READ, STATE_WRITE, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
+)
+from pushpull.worker.direct import LIVENESS_S
 from pushpull.worker.handle import PushPullError, WorkersChanged
 
 log = logging.getLogger(__name__)
 
 
 def holds(key: int, rank: int, size: int) -> bool:
-    """Whether ``rank`` keeps a copy of partition ``key``'s server state: ranks (tensor + partition) mod size and
-    the one after it. Why from the key alone: every worker decides the same without agreeing on a list."""
-    first = ((key >> PART_BITS) + (key & ((1 << PART_BITS) - 1))) % size
-    return rank == first or rank == (first + 1) % size
+    """Whether ``rank`` keeps the copy of partition ``key``'s server state: rank (tensor + partition) mod size. Why
+    from the key alone: every worker decides the same without agreeing on a list, and a tensor's partitions spread
+    over the ranks."""
+    return ((key >> PART_BITS) + (key & ((1 << PART_BITS) - 1))) % size == rank
 
 
 def _compressed(engine) -> list:
     """(entry, partition) of every compressed partition declared here, by key."""
     return [ep for _, ep in sorted(engine.kv.parts.items()) if ep[1].codec is not None]
+
+
+def _on_servers(e) -> bool:
+    """Whether the servers compress this tensor's sums (an outer key's answer is whole parameters)."""
+    return e.spec.op == "sum"
 
 
 def _clone(state: dict) -> dict:
@@ -42,13 +56,15 @@ def _clone(state: dict) -> dict:
 
 def commit(engine, commit_id: int) -> dict:
     """The compression state now (every worker between steps, as a commit is): this worker's codecs, and the
-    servers' of the partitions it holds (``holds``). ``commit_id`` orders copies: the newest loaded wins."""
-    workers, servers = {}, {}
+    servers' of the partitions it holds (every server keeps its own copy of this commit too). ``commit_id`` orders
+    copies: the newest loaded wins."""
+    workers, reads = {}, []
     rank, size = engine.rank, engine.size
     for e, p in _compressed(engine):
         workers[p.key] = _clone(p.codec.chain.state_dict())
-        if e.spec.op == "sum" and p.inited and holds(p.key, rank, size):
-            servers[p.key] = bytes(_exchange(engine, e, p, STATE_READ, e.round, None, 0))
+        if _on_servers(e) and p.inited and holds(p.key, rank, size):
+            reads.append((e, p, STATE_READ, e.round, None))
+    servers = {p.key: bytes(body) for (_, p, *_), body in zip(reads, _requests(engine, reads, commit_id))}
     return {"commit": commit_id, "workers": workers, "servers": servers}
 
 
@@ -64,36 +80,71 @@ def restore(engine, kept: dict | None) -> None:
 
 
 def load_servers(engine, kept: dict | None) -> None:
-    """Load the servers' state of the partitions this worker holds copies of, as of a :func:`commit` (after a change
-    the servers dropped theirs). Every worker must do it before its next step (``elastic.run``'s sync does, before
-    its broadcast: nobody steps before every load is in)."""
+    """The servers back to a :func:`commit`'s state (module docstring): to their own copy, and the holder's copies.
+    Every worker must do it before its next step (``elastic.run``'s sync does, before its broadcast: nobody steps
+    before every load is in)."""
     if kept is None:
         return
-    parts = dict(engine.kv.parts)
-    for key, body in kept["servers"].items():
-        ep = parts.get(key)
-        if ep is not None:
-            _exchange(engine, ep[0], ep[1], STATE_WRITE, 0, body, kept["commit"])
+    writes = [(e, p, STATE_WRITE, 0, kept["servers"].get(p.key, b"")) for e, p in _compressed(engine)
+              if _on_servers(e)]
+    _requests(engine, writes, kept["commit"])
 
 
-def _exchange(engine, e, p, step: int, rnd: int, body, commit_id: int):
-    """One CODEC_STATE request to ``p``'s server on the caller's thread (the direct path), its answer's body."""
-    gen = engine.gen
-    header = Header(MsgType.CODEC_STATE, sender=engine.rank, key=p.key, round=rnd, gen=gen, numel=step,
-                    extra=max(commit_id, 0))
-    what = "reading" if step == STATE_READ else "loading"
-    try:
-        return engine.direct.exchange(p.sock, header, body, engine.cfg.timeout,
-                                      lambda: engine.member.failure or (None if engine.gen == gen
-                                                                        else "the workers changed"),
-                                      want=MsgType.CODEC_STATE)
-    except TimeoutError:
-        raise PushPullError(f"tensor {e.name!r}: {what} the compression state of partition {p.index} on server "
-                            f"{p.server}: no answer within {engine.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT)") from None
-    except ConnectionError as ex:
-        if engine.gen != gen:
-            raise WorkersChanged(f"tensor {e.name!r}: {engine.changed_reason}") from None
-        raise PushPullError(f"tensor {e.name!r}: {what} its compression state: {ex}") from None
-    except RuntimeError as ex:  # the server's error
-        raise PushPullError(f"tensor {e.name!r}: {what} the compression state of partition {p.index}: {ex}") \
-            from None
+def _requests(engine, reqs: list, commit_id: int) -> list:
+    """CODEC_STATE requests (entry, partition, step, round, body) sent at once on the caller's thread (the direct
+    path's sockets), so that every server's link carries its share at the same time; the answers' bodies in the
+    same order. Raises WorkersChanged when the job changes meanwhile, PushPullError on a server's error or after
+    PUSHPULL_TIMEOUT, naming the tensor."""
+    if not reqs:
+        return []
+    gen, direct, timeout = engine.gen, engine.direct, engine.cfg.timeout
+    waiting: dict[tuple[str, int], int] = {}
+    socks = {}
+    for i, (e, p, step, rnd, body) in enumerate(reqs):
+        s = socks[p.sock] = direct._socket(p.sock)
+        header = Header(MsgType.CODEC_STATE, sender=engine.rank, key=p.key, round=rnd, gen=gen, numel=step,
+                        extra=max(commit_id, 0))
+        s.send_multipart([header.pack()] + ([body] if body is not None else []), copy=False)
+        waiting[(p.sock, p.key)] = i
+    out: list = [None] * len(reqs)
+    poller = zmq.Poller()
+    for s in socks.values():
+        poller.register(s, zmq.POLLIN)
+    by_socket = {s: name for name, s in socks.items()}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        ready = dict(poller.poll(int(LIVENESS_S * 1000)))
+        for s in ready:
+            frames = s.recv_multipart(copy=False)
+            try:
+                msg = decode(frames)
+                msgs = unpack_batch(msg) if msg.header.type is MsgType.BATCH else (msg,)
+            except ProtocolError:
+                continue
+            for m in msgs:
+                h = m.header
+                i = waiting.get((by_socket[s], h.key))
+                if i is None or h.gen != gen or h.type not in (MsgType.CODEC_STATE, MsgType.ERROR):
+                    continue  # a late answer to an earlier call on this thread's socket
+                e, p, step, *_ = reqs[i]
+                if h.type == MsgType.ERROR:
+                    text = decode_json(m.body()).get("error", "unknown server error")
+                    raise PushPullError(f"tensor {e.name!r}: {_what(step)} the compression state of partition "
+                                        f"{p.index} on server {p.server}: {text}")
+                out[i] = m.body_view()
+                del waiting[(by_socket[s], h.key)]
+        if not ready or time.monotonic() > deadline:
+            reason = engine.member.failure
+            if reason:
+                raise PushPullError(f"compression state: {reason}")
+            if engine.gen != gen:
+                raise WorkersChanged(f"compression state: {engine.changed_reason}")
+            if time.monotonic() > deadline:
+                e, p, step, *_ = reqs[next(iter(waiting.values()))]
+                raise PushPullError(f"tensor {e.name!r}: {_what(step)} the compression state of partition {p.index}: "
+                                    f"server {p.server} did not answer within {timeout:.0f}s (PUSHPULL_TIMEOUT)")
+    return out
+
+
+def _what(step: int) -> str:
+    return "reading" if step == STATE_READ else "loading"

@@ -27,6 +27,10 @@ for name, t in checks.items():
 if not late:
     bps.barrier()  # a barrier before the change: a late worker must count its barriers on from here
 model, opt, state, x_all, y_all = elastic_linear(first_rank)
+# op=Sum made before the change and stepped after it: the sum over the workers of then, not of before
+summed = torch.nn.Parameter(torch.zeros(4))
+sum_opt = bps.DistributedOptimizer(torch.optim.SGD([summed], lr=1.0), named_parameters=[("elastic.summed", summed)],
+                                   op=bps.Sum)
 
 
 @bps.elastic.run
@@ -59,6 +63,11 @@ for i, (name, t) in enumerate(checks.items()):  # each survivor pushes first_ran
     if not torch.equal(got, torch.full_like(t, want)):
         print(f"FAIL: {name} summed to {got[0].item()}, want {want}", flush=True)
         sys.exit(3)
+summed.grad = torch.ones(4)
+sum_opt.step()
+if not torch.equal(summed.detach(), torch.full((4,), -float(bps.size()))):
+    print(f"FAIL: op=Sum of ones over {bps.size()} workers stepped to {summed.detach().tolist()}", flush=True)
+    sys.exit(3)
 print(f"ELASTIC rank {first_rank}->{bps.rank()} size {bps.size()} resets {state.resets} sizes {state.sizes} "
       f"late {late}",
       flush=True)

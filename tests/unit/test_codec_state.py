@@ -122,7 +122,7 @@ def test_a_server_codec_starts_from_zero_after_a_change():
 def test_a_server_codec_takes_a_commits_state_back_after_a_change():
     codec, grads = _server(), _grads(4)
     _sum(codec, grads[0])
-    kept = codec.state()
+    kept = codec.state(1)
     want = [_sum(codec, g) for g in grads[1:]]
     codec.reset()
     assert codec.load(kept, commit=2)
@@ -132,15 +132,15 @@ def test_a_server_codec_takes_a_commits_state_back_after_a_change():
 def test_an_older_commits_state_does_not_replace_a_newer_one_in_a_generation():
     codec, grads = _server(), _grads(3)
     _sum(codec, grads[0])
-    old = codec.state()
+    old = codec.state(1)
     _sum(codec, grads[1])
-    new = codec.state()
+    new = codec.state(1)
     codec.reset()
     assert codec.load(new, commit=5)
     assert not codec.load(old, commit=4)
-    assert codec.state() == new
+    assert codec.state(1) == new
     codec.reset()  # a new generation: any commit's state is taken again
-    assert codec.load(old, commit=4) and codec.state() == old
+    assert codec.load(old, commit=4) and codec.state(1) == old
 
 
 def test_a_server_codec_refuses_a_state_of_another_size():
@@ -151,7 +151,7 @@ def test_a_server_codec_refuses_a_state_of_another_size():
 
 def test_server_state_of_random_k_is_empty_and_loads():
     codec = _server(SPECS["randomk"])
-    assert codec.load(codec.state(), commit=1)
+    assert codec.load(codec.state(1), commit=1)
 
 
 def test_a_reseeded_server_codec_equals_a_fresh_chain_for_the_next_sum():
@@ -160,14 +160,34 @@ def test_a_reseeded_server_codec_equals_a_fresh_chain_for_the_next_sum():
     for g in grads[:2]:
         _sum(old, g)
     moved = _server()
-    moved.load(old.state(), commit=1)
+    moved.load(old.state(1), commit=1)
     assert np.array_equal(_sum(moved, grads[2]), _sum(old, grads[2]))
 
 
+def test_a_server_codec_goes_back_to_its_own_copy_of_the_commit():
+    """A lost worker (the holder of the other copy, maybe): the server's own copy is enough."""
+    codec, grads = _server(), _grads(4)
+    _sum(codec, grads[0])
+    codec.state(7)
+    want = [_sum(codec, g) for g in grads[1:]]
+    codec.reset()
+    assert codec.rollback(7)
+    assert all(np.array_equal(_sum(codec, g), w) for g, w in zip(grads[1:], want))
+
+
+def test_a_server_codec_without_a_copy_of_that_commit_starts_from_zero():
+    codec, fresh, grads = _server(), _server(), _grads(3)
+    _sum(codec, grads[0])
+    codec.state(7)
+    _sum(codec, grads[1])
+    codec.reset()
+    assert not codec.rollback(6)
+    assert np.array_equal(_sum(codec, grads[2]), _sum(fresh, grads[2]))
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
-def test_every_partition_is_held_by_two_ranks_or_the_only_one(size):
+def test_every_partition_is_held_by_one_rank(size):
     keys = [(t << 24) | i for t in range(1, 9) for i in range(3)]
     for key in keys:
-        assert sum(holds(key, r, size) for r in range(size)) == min(2, size)
-    if size > 2:  # spread over the ranks, not all on rank 0
-        assert all(any(holds(k, r, size) for k in keys) for r in range(size))
+        assert sum(holds(key, r, size) for r in range(size)) == 1
+    assert all(any(holds(k, r, size) for k in keys) for r in range(size))  # spread over the ranks
