@@ -12,8 +12,8 @@ inside an ``elastic.TorchState``; the gradients are drawn once and cycled (the s
 first and again last, so the noise of this shared VM shows.
 
 A commit copies the model, the optimizer and the workers' codec state in memory, and reads the servers' error
-feedback of the partitions the worker holds a copy of (two workers each: with 2 workers, all of them), at once
-(pushpull.worker.codec_state). Per phase: the mean step time including the commits, the time of a commit itself,
+feedback of the partitions the worker holds a copy of (one worker each: 1/n of them; each server keeps its own),
+at once (pushpull.worker.codec_state). Per phase: the mean step time including the commits, the time of a commit itself,
 the bytes a commit reads, and the bound: those bytes over the link rate, per commit and per step.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
         f"hosts and 2 server hosts (separate), every link "
         f"{args.rate if rate_Bps else 'LOOPBACK FALLBACK (no shaping)'}. A commit copies the model, optimizer and "
         f"workers' codec state in memory and reads the servers' error feedback of the partitions the worker holds "
-        f"(with 2 workers: all). One run, {wall:.0f} s in all, on the shared 2-core VM.",
+        f"(1/n of them; each server keeps its own copy too). One run, {wall:.0f} s in all, on the shared 2-core VM.",
         "",
         "| commit every | steps | step time, mean | vs no commits | a commit (median) | read per commit "
         "| bound: read / link rate | bound per step | wire bytes per step (rx + tx) |",
@@ -105,13 +105,15 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
             f"{f'{1000 * statistics.median(commits):.0f} ms' if commits else ''} | "
             f"{f'{read / 1e6:.2f} MB' if every else ''} | "
             f"{f'{1000 * bound:.0f} ms' if every and bound is not None else ''} | "
-            f"{f'{1000 * bound / every:.1f} ms ({100 * bound / every / base:.1f} %)' if every and bound else ''} | "
+            f"{f'{1000 * bound / every:.1f} ms ({100 * bound / every / base:.1f} %)' if every and bound else ''} "
+            f"| "
             f"{wire / 1e6:.2f} MB |")
     lines += ["", "The overhead is against the mean of the commit-free phases of the same run. Goal (issue 30, item 3): "
               "what keeps the servers' state costs at most 10 % of the step time at 100 Mbit/s in the steady state. "
-              "Between commits it costs nothing (no byte, no copy); a commit reads 2/n of the compressed tensors' "
-              "residuals per worker (each partition's on two workers), uncompressed: about what one uncompressed pull "
-              "of them costs, so a commit every K steps costs about 1/K of an uncompressed step per step."]
+              "Between commits it costs nothing (no byte, no copy); a commit reads 1/n of the compressed tensors' "
+              "residuals per worker (each partition's copy on one worker), uncompressed: about what one "
+              "uncompressed pull of them costs, so a commit every K steps costs about 1/K of an uncompressed step "
+              "per step."]
     return "\n".join(lines)
 
 

@@ -1,13 +1,13 @@
 """Compressed training in an elastic job (--workers 2 --servers 2 --min-workers 1, BYTEPS_FORCE_DISTRIBUTED=1): rank 0
 SIGKILLs a server at step 12 (CODEC_KILL=server), or rank 1 SIGKILLs itself there (CODEC_KILL=worker: it held the
-copy of half the servers' state); the job goes back to the commit of step 10 and takes the steps since again (after
-a lost worker, rank 0 alone, still through the servers). The compression has state
-on both sides: Nesterov momentum and error feedback on the workers, error feedback on the servers (top-k). The
-parameters must end bit for bit where a run without failures ends: computed here, in this process, with the
-same codec chains (pushpull.compression.build, build_server). Every gradient is a small integer, the momentum 0.5
-and the average over 2 or 1 workers, so each value is exact in float32 and the sums do not depend on their order. Without the compression state
-going back with the commit (a replayed step's momentum and residual counted twice, a moved key's server residual
-lost), they end far from it (printed)."""
+copy of half the servers' state); the job goes back to the commit of step 10 and takes the steps since again (after a
+lost worker, rank 0 alone, still through the servers). The compression has state on both sides: Nesterov momentum and
+error feedback on the workers, error feedback on the servers (top-k). The parameters must end bit for bit where a run
+without failures ends: computed here, in this process, with the same codec chains (pushpull.compression.build,
+build_server). Every gradient is a small integer, the momentum 0.5 and the average over 2 or 1 workers, so each value
+is exact in float32 and the sums do not depend on their order. Without the compression state going back with the
+commit (a replayed step's momentum and residual counted twice, a moved key's server residual lost), they end far from
+it (printed)."""
 import os
 import signal
 import sys
