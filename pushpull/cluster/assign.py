@@ -115,6 +115,21 @@ class Assigner:
             self.homes.pop(k, None)
         return moved
 
+    def apply_moves(self, moved: dict[int, int]) -> None:
+        """Partitions a change moved ({partition key: server}) that the placements here do not show yet: a change
+        the servers applied before the scheduler that made it was lost (Scheduler._change_in_flight)."""
+        for t in self.tensors.values():
+            res = t.get("result")
+            if res is None:
+                continue
+            for i, nbytes in enumerate(t["decl"]["parts"]):
+                to = moved.get(part_key(res["key"], i))
+                if to is not None and 0 <= to < self.num_servers and to != res["servers"][i]:
+                    if 0 <= res["servers"][i] < self.num_servers:
+                        self.load[res["servers"][i]] -= nbytes
+                    self.load[to] += nbytes
+                    res["servers"][i] = to
+
     def assign(self, rank: int, req: dict) -> dict:
         name = str(req["name"])
         decl = {"shape": list(req["shape"]), "dtype": str(req["dtype"]), "parts": [int(p) for p in req["parts"]]}

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import secrets
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -523,28 +524,56 @@ class Scheduler:
             self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(dict(self._book(node), recovered=True))])
         log.warning("took the running job over %.1fs after starting: %d worker(s), %d server(s), generation %d",
                     waited, len(workers), len(servers), self.gen)
+        # the old scheduler was lost while it applied a change (some nodes in its generation, some not): the new one
+        # makes it again, with its moves, which every node then applies from the start
+        moved, extra = self._change_in_flight(servers, set(missing_s)) if len(gens) > 1 else ({}, {})
+        self.assigner.apply_moves(moved)
         if missing_w or missing_s:  # elastic: lost as any node is, in one change (one generation for all)
-            self._lose_missing(missing_w, missing_s)
+            self._lose_missing(missing_w, missing_s, moved, extra)
         elif len(gens) > 1:
-            # the old scheduler was lost while it applied a change: make one every node applies from the start
-            self._new_generation("the scheduler was replaced while a change of the job was applied", {})
+            self._new_generation("the scheduler was replaced while a change of the job was applied", moved, extra)
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that came while the job was being taken over
             self._register(identity, info)
 
-    def _lose_missing(self, ranks: list[int], servers: list[int]) -> None:
+    def _change_in_flight(self, servers: dict, missing: set[int]) -> tuple[dict[int, int], dict]:
+        """The moves and servers of the change the newest generation's servers applied (they report it when they
+        register again), for a generation that makes it again: without them, the workers that had not heard of it
+        would keep pushing partitions to servers that dropped them, and no server would be declared the moved ones
+        (their tensors would fail). A server that did not come back is not announced as added."""
+        for _, info in servers.values():
+            change = info.get("change")
+            if int(info.get("gen", 0)) != self.gen or not isinstance(change, dict) or not change:
+                continue
+            try:
+                moved = {int(k): int(v) for k, v in dict(change.get("moved") or {}).items()}
+                extra = {"lost_servers": [int(x) for x in change.get("lost_servers") or ()],
+                         "servers_added": [dict(s) for s in change.get("servers_added") or ()
+                                           if int(s["rank"]) not in missing]}
+            except (TypeError, ValueError, KeyError) as e:
+                log.error("a server reported the change in flight unreadably (%r); it is made again without its moves",
+                          e)
+                return {}, {}
+            return moved, {k: v for k, v in extra.items() if v}
+        return {}, {}
+
+    def _lose_missing(self, ranks: list[int], servers: list[int], moved: dict[int, int] | None = None,
+                      extra: dict | None = None) -> None:
         """The nodes that did not register again with a new scheduler: the job goes on without all of them in
-        one generation (workers renumbered, the servers' partitions moved)."""
+        one generation (workers renumbered, the servers' partitions moved), which also carries the change in
+        flight (``moved``, ``extra``: :meth:`_change_in_flight`)."""
         survivors = [w for r, w in sorted(self.workers.items()) if r not in ranks]
         self._renumber(survivors)
-        moved: dict[int, int] = {}
+        moved = dict(moved or {})
+        extra = dict(extra or {})
         for index in servers:
             moved.update(self.assigner.remove_server(index))
         what = ", ".join([f"worker rank(s) {ranks}"] * bool(ranks) + [f"server(s) {servers}"] * bool(servers))
         log.warning("%s did not register again with the new scheduler; going on with %d workers and %d server(s)",
                     what, len(survivors), len(self._live_servers()))
-        self._new_generation(f"{what} did not register again with the new scheduler", moved,
-                             {"lost_servers": servers} if servers else None)
+        if servers:
+            extra["lost_servers"] = list(extra.get("lost_servers", [])) + list(servers)
+        self._new_generation(f"{what} did not register again with the new scheduler", moved, extra)
 
     # ------------------------------------------------------------ elastic --
     def _shrink(self, lost: NodeInfo, reason: str) -> None:
@@ -639,6 +668,12 @@ class Scheduler:
             self._reset_workers()
 
     def _reset_workers(self) -> None:
+        if (self._reset_body.get("servers_added") and not self.cfg.scheduler_recover
+                and os.environ.get("PUSHPULL_FAILPOINT") == "scheduler-dies-before-workers-hear-of-a-replacement"):
+            # a test's fault injection: lost at the worst moment for a replacement server (docs/elastic.md)
+            log.warning("PUSHPULL_FAILPOINT: the scheduler dies after the servers applied a replacement server's "
+                        "change, before the workers hear of it")
+            os.kill(os.getpid(), signal.SIGKILL)
         joining, self._joining = self._joining, []
         for w in self.workers.values():
             if w in joining:  # its address book, now that every server maps its connections

@@ -29,6 +29,7 @@ class Members:
         self.cluster = Member(van, cfg, info, on_registered=self._registered, on_message=on_message)
         self._on_registered = on_registered
         self.gen = 0  # membership generation (elastic): messages of an older one are stale and dropped
+        self.last_change: dict = {}  # the moves and servers of the last RESET applied (reset())
         self.joined: set[int] = set()  # ranks that called join() (shared with every KeyState)
         self.rank_now: dict[int, int] | None = None  # a connection's first rank -> its rank now (after a RESET)
         self.num_workers = 0
@@ -91,6 +92,9 @@ class Members:
                 and all(now == (self.rank_now or {}).get(first, first) for first, now in rank_now.items()))
         self.num_workers = int(d["num_workers"])
         self.rank_now = rank_now
+        # where partitions went in it: a scheduler that takes the job over before every worker heard of this change
+        # makes it again (Scheduler._change_in_flight)
+        self.last_change = {k: d[k] for k in ("moved", "servers_added", "lost_servers") if d.get(k)}
         return same
 
     def ack_reset(self) -> None:

@@ -115,7 +115,8 @@ class Server:
         self.keys: dict[int, KeyState] = {}
         # a scheduler that takes the running job over learns the generation and the highest tensor key here
         self.members.cluster.recover_state = lambda: {
-            "gen": self.members.gen, "max_key": max((k >> PART_BITS for k in list(self.keys)), default=0)}
+            "gen": self.members.gen, "max_key": max((k >> PART_BITS for k in list(self.keys)), default=0),
+            "change": self.members.last_change}
         self.declarations = Declarations(cfg, self.members, self.keys, regions, self._reply, self._error)
         self.engines = [queue.SimpleQueue() for _ in range(cfg.server_engine_thread)]
         self._handoffs: dict[int, list] = {}  # engine -> requests of this pass (I/O thread only)

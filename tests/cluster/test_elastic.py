@@ -200,3 +200,21 @@ def test_compressed_training_ends_where_a_run_without_failures_would(victim):
     survivors = 2 if victim == "server" else 1
     assert res.returncode == 0 and out.count("ALL-OK") == survivors, out[-3000:]
     assert out.count("resets 1 parts 4 off by 0.0") == survivors, out[-3000:]
+
+
+def test_a_scheduler_lost_before_the_workers_hear_of_a_replacement_server_costs_no_tensor():
+    """The worst moment for a lost scheduler: the servers applied a replacement server's change (the partitions
+    moving back to it left the server holding them) and the workers were not told yet. The new scheduler makes the
+    change again with its moves, which the servers report when they register again; the tensors that lived there
+    sum exactly to the end (before: they failed, declared nowhere). The scheduler dies there by fault injection
+    (PUSHPULL_FAILPOINT), once; the launcher starts it again."""
+    argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
+            "--restart-servers", "1", "--restart-scheduler", "1", "--env", "ELASTIC_KILL=server",
+            "--env", "ELASTIC_STEP_SLEEP=0.3",
+            "--env", "PUSHPULL_FAILPOINT=scheduler-dies-before-workers-hear-of-a-replacement", "--",
+            sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and out.count("ALL-OK") == 3 and "FAIL:" not in out, out[-4000:]
+    assert "PUSHPULL_FAILPOINT: the scheduler dies" in out and "took the running job over" in out, out[-4000:]
+    assert "the scheduler was replaced while a change of the job was applied" in out, out[-4000:]

@@ -8,6 +8,7 @@ import json
 
 from pushpull.cluster import nodes
 from pushpull.cluster.scheduler import NodeInfo, Scheduler
+from pushpull.transport.protocol import MsgType
 
 
 def _scheduler():
@@ -48,3 +49,53 @@ def test_a_change_after_the_workers_were_told_stands_alone():
     bodies = [json.loads(bytes(f[0])) for node, h, f in sent if node in sched.workers.values()]
     assert [b["gen"] for b in bodies] == [1, 1, 2, 2]
     assert bodies[-1]["moved"] == {"11": 1} and "lost_servers" not in bodies[-1]
+
+
+def _taking_over(change: dict, worker_gen: int = 1):
+    """A scheduler taking the job over from 2 workers (still in generation ``worker_gen``) and 2 servers that
+    applied generation 2, ``change`` (a replacement server came in as server 1) included, before the old scheduler
+    could tell the workers. Server 0 holds tensor 1 (key 1 << 24); the change moved it to server 1."""
+    from types import SimpleNamespace
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.gen, sched._reset_body, sched._reset_waiting = 0, {}, set()
+    sched._joining, sched._join_queue, sched.barriers = [], [], {}
+    sched.workers, sched.servers, sched.by_identity = {}, [], {}
+    sched.num_servers, sched.num_workers, sched.job_id, sched.started = 2, 0, "j", 0.0
+    sched.recovering, sched.ready = True, False
+    sched.cfg = SimpleNamespace(min_workers=1, register_timeout=30.0, key_hash_fn="balanced")
+    sent = []
+    sched._send = lambda node, header, frames=(): sent.append((node, header, frames))
+    tensor = {"name": "w", "shape": [100], "dtype": "float32", "parts": [400], "key": 1, "servers": [0]}
+    sched._rejoined = {
+        **{f"w{r}".encode(): {"role": "worker", "node_id": r, "rank": r, "size": 2, "size_now": 2, "gen": worker_gen,
+                              "job_id": "j", "servers_lost": [1], "tensors": [tensor]} for r in range(2)},
+        **{f"s{i}".encode(): {"role": "server", "node_id": nodes.server_node(i), "host": "127.0.0.1", "port": 5 + i,
+                              "gen": 2, "job_id": "j", "max_key": 1, "change": change} for i in range(2)},
+    }
+    sched._recovered(force=False)
+    for s in sched.servers:
+        sched._reset_ack(s, sched.gen)
+    bodies = [json.loads(bytes(f[0])) for node, h, f in sent
+              if node in sched.workers.values() and h.type == MsgType.RESET]
+    return sched, bodies
+
+
+def test_a_change_the_servers_applied_before_the_scheduler_was_lost_is_made_again_with_its_moves():
+    added = {"rank": 1, "host": "127.0.0.1", "port": 6}
+    sched, bodies = _taking_over({"moved": {str(1 << 24): 1}, "servers_added": [added]})
+    assert len(bodies) == 2 and bodies[0]["gen"] == 3
+    assert bodies[0]["moved"] == {str(1 << 24): 1} and bodies[0]["servers_added"] == [added]
+    assert sched.assigner.tensors["w"]["result"]["servers"] == [1]  # where later changes start from
+    assert sched.assigner.load == [0, 400]
+
+
+def test_without_a_change_in_flight_the_takeover_makes_no_moves():
+    sched, bodies = _taking_over({}, worker_gen=1)
+    assert bodies and bodies[0]["moved"] == {} and "servers_added" not in bodies[0]
+    assert sched.assigner.tensors["w"]["result"]["servers"] == [0]
+
+
+def test_the_change_is_not_made_again_when_every_node_had_it():
+    _, bodies = _taking_over({"moved": {str(1 << 24): 1}}, worker_gen=2)
+    assert bodies == []
