@@ -668,8 +668,8 @@ class Scheduler:
             self._reset_workers()
 
     def _reset_workers(self) -> None:
-        if (self._reset_body.get("servers_added") and not self.cfg.scheduler_recover
-                and os.environ.get("PUSHPULL_FAILPOINT") == "scheduler-dies-before-workers-hear-of-a-replacement"):
+        if (os.environ.get("PUSHPULL_FAILPOINT") == "scheduler-dies-before-workers-hear-of-a-replacement"
+                and self._reset_body.get("servers_added") and not self.cfg.scheduler_recover):
             # a test's fault injection: lost at the worst moment for a replacement server (docs/elastic.md)
             log.warning("PUSHPULL_FAILPOINT: the scheduler dies after the servers applied a replacement server's "
                         "change, before the workers hear of it")

@@ -63,7 +63,7 @@ def _taking_over(change: dict, worker_gen: int = 1):
     sched.workers, sched.servers, sched.by_identity = {}, [], {}
     sched.num_servers, sched.num_workers, sched.job_id, sched.started = 2, 0, "j", 0.0
     sched.recovering, sched.ready = True, False
-    sched.cfg = SimpleNamespace(min_workers=1, register_timeout=30.0, key_hash_fn="balanced")
+    sched.cfg = SimpleNamespace(min_workers=1, register_timeout=30.0, key_hash_fn="balanced", scheduler_recover=True)
     sent = []
     sched._send = lambda node, header, frames=(): sent.append((node, header, frames))
     tensor = {"name": "w", "shape": [100], "dtype": "float32", "parts": [400], "key": 1, "servers": [0]}
