@@ -477,7 +477,9 @@ class Scheduler:
         servers = {int(i["node_id"]) - nodes.SERVER_BASE: (ident, i) for ident, i in infos if i.get("role") == "server"}
         size = max((int(i.get("size_now", 0)) for _, i in workers), default=0)
         lost_servers = {int(x) for _, i in workers for x in i.get("servers_lost", ())}
-        want_servers = set(range(self.num_servers)) - lost_servers
+        # a replacement server the workers have not heard of yet (the change that took it in was in flight) is
+        # waited for too: the change is made again with it (_change_in_flight)
+        want_servers = set(range(self.num_servers)) - lost_servers | self._added_in_flight(servers, workers)
         ranks = {int(i["node_id"]) for _, i in workers}
         complete = workers and len(workers) >= size and want_servers <= set(servers)
         if not complete and not force:
@@ -535,6 +537,23 @@ class Scheduler:
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that came while the job was being taken over
             self._register(identity, info)
+
+    def _added_in_flight(self, servers: dict, workers: list) -> set[int]:
+        """The servers that a change some workers have not heard of took in (the replacements the newest
+        generation's servers report)."""
+        top = max([int(i.get("gen", 0)) for _, i in servers.values()] + [0])
+        if all(int(i.get("gen", 0)) >= top for _, i in workers):
+            return set()
+        added = set()
+        for _, info in servers.values():
+            change = info.get("change")
+            if int(info.get("gen", 0)) != top or not isinstance(change, dict):
+                continue
+            try:
+                added.update(int(s["rank"]) for s in change.get("servers_added") or ())
+            except (TypeError, ValueError, KeyError):
+                continue
+        return {a for a in added if 0 <= a < self.num_servers}
 
     def _change_in_flight(self, servers: dict, missing: set[int]) -> tuple[dict[int, int], dict]:
         """The moves and servers of the change the newest generation's servers applied (they report it when they

@@ -42,14 +42,15 @@ def unpack_state(buf, numel: int, dtype: str) -> dict:
     try:
         meta = json.loads(bytes(view[_LEN.size:_LEN.size + n]))
         values, specs = dict(meta["values"]), list(meta["tensors"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"codec state: unreadable JSON ({e})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise ValueError(f"codec state: unreadable JSON ({type(e).__name__})") from None
     out: dict = dict(values)
     at = _LEN.size + n
     itemsize = dtypes.itemsize(dtype)
     for spec in specs:
-        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)):
-            raise ValueError(f"codec state: bad tensor entry {spec!r}")
+        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str) and isinstance(spec[1], str)
+                and type(spec[2]) is int):
+            raise ValueError(f"codec state: bad tensor entry {str(spec)[:80]}")
         name, d, k = spec
         if d != dtype or k != numel:
             raise ValueError(f"codec state: tensor {name!r} is {d}[{k}], the key is {dtype}[{numel}]")

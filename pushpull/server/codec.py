@@ -20,53 +20,57 @@ class ServerCodec:
         self.dtype = dtypes.to_torch(dtype)
         self.numel = numel
         self.lr = 1.0  # set from each compressed push's header: the learning rate the workers train with
-        self.chain = build_server(spec, seed_offset=key, lr_getter=lambda: self.lr)
-        self.dtype_name = dtype
-        # the job changed (set on the I/O thread at a RESET): the sums of the rounds before are gone, and so is the
-        # residual they left, on this server as on a server the key moves to. Acted on by the engine thread, at its
-        # next sum or state load: an engine thread may be compressing a dropped round's sum meanwhile
-        self.stale = False
-        self.commit = -1  # the elastic commit whose state was loaded in this generation (the newest load wins)
-        # this server's own copy of the state at the last commit (its id, the state packed): a change that keeps
-        # this server goes back to it (rollback) even when the worker holding the other copy was lost
-        self.kept: tuple[int, bytes] | None = None
+        self.spec, self.key, self.dtype_name = spec, key, dtype
+        self.chain = self._build()
+        # elastic commits (pushpull.worker.codec_state): this server's own copy of the state at the last commits (id
+        # -> the state packed), and the newest state loaded after a change (generation, commit): in one generation
+        # the newest commit's copy wins
+        self.kept: dict[int, bytes] = {}
+        self.loaded = (-1, -1)
 
-    def reset(self) -> None:
-        """A new generation of workers (KeyState.reset, on the I/O thread)."""
-        self.stale = True
-        self.commit = -1
+    KEPT = 2  # commits whose copy is kept: the last one, and the one before (a commit with sparse tables counts only
+    #           once their copies are in, so a change meanwhile goes back to the one before)
 
-    def _fresh(self) -> None:
-        if self.stale:
-            self.stale = False
-            self.chain.reset()
+    def _build(self):
+        return build_server(self.spec, seed_offset=self.key, lr_getter=lambda: self.lr)
 
     def state(self, commit: int) -> bytes:
         """The error feedback's residual (and a random stream's position) as of the last sum, packed
         (pushpull.compression.state): elastic commit ``commit``'s copy, which one worker reads and this server keeps
-        (1x the key's size in memory until the next commit)."""
-        self._fresh()
+        (the last KEPT commits': KEPT x the key's size in memory)."""
         packed = pack_state(self.chain.state_dict())
-        self.kept = (commit, packed)
+        self.kept[commit] = packed
+        for old in sorted(self.kept)[:-self.KEPT]:
+            del self.kept[old]
         return packed
 
-    def rollback(self, commit: int) -> bool:
-        """Back to this server's own copy of commit ``commit``; False where it has none (a new server, another
-        commit's): the state stays as the change left it (from zero), unless a worker's copy comes."""
-        if self.kept is None or self.kept[0] != commit:
-            self._fresh()
+    def rollback(self, commit: int, gen: int) -> bool:
+        """After a change (generation ``gen``): back to this server's own copy of commit ``commit``. Without one (a
+        server new to the key, or a commit it did not keep) the state starts from zero, and False says so: a
+        worker's copy may follow (load)."""
+        if self.loaded[0] == gen and self.loaded[1] >= commit:  # that commit's copy (or a newer one) is in already
+            return True
+        packed = self.kept.get(commit)
+        if packed is None:
+            self.chain = self._build()
+            self.loaded = (gen, -1)
             return False
-        return self.load(self.kept[1], commit)
+        return self.load(packed, commit, gen)
 
-    def load(self, buf, commit: int) -> bool:
-        """Go back to a commit's state (a worker's copy, after a change); an older commit's than one loaded in
-        this generation is ignored (False). ValueError: a state that is not this key's."""
-        state = unpack_state(buf, self.numel, self.dtype_name)
-        self._fresh()
-        if commit < self.commit:
+    def load(self, buf, commit: int, gen: int) -> bool:
+        """After a change (generation ``gen``): go back to commit ``commit``'s state (a worker's copy, or this
+        server's); an older commit's than one loaded in this generation is ignored (False). ValueError: a state that
+        is not this key's (the codec is left as it was)."""
+        if self.loaded[0] == gen and commit < self.loaded[1]:
             return False
-        self.chain.load_state_dict(state)
-        self.commit = commit
+        state = unpack_state(buf, self.numel, self.dtype_name)
+        chain = self._build()  # loaded whole or not at all: a state that fails half-way leaves nothing behind
+        try:
+            chain.load_state_dict(state)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            raise ValueError(f"codec state: {e}") from None
+        self.chain = chain
+        self.loaded = (gen, commit)
         return True
 
     def decompress_push(self, sender: int, buf) -> np.ndarray:
@@ -81,7 +85,6 @@ class ServerCodec:
         return t.numpy()
 
     def compress_sum(self, total: np.ndarray) -> np.ndarray:
-        self._fresh()
         t = torch.from_numpy(np.ascontiguousarray(total))
         if self.dtype == torch.bfloat16:
             t = t.view(torch.int16).view(torch.bfloat16)

@@ -47,9 +47,9 @@ class Declarations:
         # since: the only keys a declaration may bring a seed for, so one rank cannot make this server hold seeds
         # at will
         self.moved_here: set[int] = set()
-        # key -> (compression state, commit): a load (CODEC_STATE) for a key not declared here yet, taken at its
-        # declaration; cleared at a change
-        self.codec_states: dict[int, tuple[bytes, int]] = {}
+        # key -> (compression state, commit, generation): a load (CODEC_STATE) for a key a change moved here and not
+        # declared yet, taken at its declaration; cleared at a change
+        self.codec_states: dict[int, tuple[bytes, int, int]] = {}
         self._reply = reply
         self._error = error
 
@@ -164,7 +164,7 @@ class Declarations:
             if kept is not None:  # moved here after a change: the commit's state, which a worker loaded before this
                 try:
                     ks.codec.load(*kept)
-                except ValueError as e:
+                except Exception as e:  # noqa: BLE001 - a worker's bad copy must not keep the key from existing
                     log.error("tensor %r: the compression state loaded for it does not fit it (%s); it starts "
                               "from zero", decl["name"], e)
         if ks.op == "outer":  # DiLoCo / local SGD: the servers keep the global parameters and step them

@@ -361,15 +361,20 @@ class Server:
         h = msg.header
         ks = self.keys.get(h.key)
         if ks is None:
-            d = self.declarations
-            body = msg.body_view()
-            if h.numel == STATE_WRITE and (h.key in d.moved_here or h.key in d.pending):
-                if len(body):  # (an empty one asks for this server's own copy, which a key new here lacks)
-                    d.codec_states[h.key] = (bytes(body), h.extra)
-                self._reply(identity, Header(MsgType.CODEC_STATE, key=h.key, round=h.round, numel=h.numel,
-                                             req_id=h.req_id), [b""])
+            if h.numel != STATE_WRITE:
+                self._error(identity, h.key, f"CODEC_STATE for key {h.key}, which this server does not hold",
+                            h.req_id)
                 return
-            self._error(identity, h.key, f"CODEC_STATE for key {h.key}, which this server does not hold", h.req_id)
+            d, body = self.declarations, msg.body_view()
+            if h.key in d.moved_here and len(body):  # (an empty one asks for this server's own copy: none here)
+                kept = d.codec_states.get(h.key)
+                if kept is None or h.extra >= kept[1]:  # one per key, the newest commit's
+                    d.codec_states[h.key] = (bytes(body), h.extra, h.gen)
+            elif len(body):  # nothing to load it into: the worker goes on (the key starts from zero if declared)
+                log.warning("rank %d loaded the compression state of key %d, which this server neither holds nor "
+                            "was given by a change; dropped", h.sender, h.key)
+            self._reply(identity, Header(MsgType.CODEC_STATE, key=h.key, round=h.round, numel=h.numel,
+                                         req_id=h.req_id), [b""])
             return
         if ks.codec is None or ks.outer is not None or ks.store is not None:
             self._error(identity, h.key, f"tensor {ks.name!r}: no compression state on the server", h.req_id)
@@ -389,7 +394,7 @@ class Server:
             body = ks.codec.state(h.extra)
         elif h.numel == STATE_WRITE:
             state = msg.body_view()
-            ks.codec.load(state, h.extra) if len(state) else ks.codec.rollback(h.extra)
+            ks.codec.load(state, h.extra, h.gen) if len(state) else ks.codec.rollback(h.extra, h.gen)
             body = b""
         else:
             raise ProtocolError(f"CODEC_STATE step {h.numel}")

@@ -43,7 +43,7 @@ import torch
 from pushpull.config import read_setting
 from pushpull.torch import functions, ops
 from pushpull.worker import codec_state
-from pushpull.worker.handle import WorkersChanged
+from pushpull.worker.handle import PushPullError, WorkersChanged
 
 log = logging.getLogger("pushpull.elastic")
 
@@ -156,7 +156,7 @@ class TorchState(State):
             kept["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
         eng = ops.engine()
         if eng is not None:
-            kept["codecs"] = codec_state.commit(eng, self._commits + 1)
+            kept["codecs"] = codec_state.commit(eng, self._commits + 1, self._codecs_saved)
         return kept
 
     def _install(self, kept: dict) -> None:
@@ -269,7 +269,13 @@ class TorchState(State):
     def sync(self, root_rank: int = 0) -> None:
         eng = ops.engine()
         if eng is not None and self._codecs_to_load is not None:  # after a restore, before anyone steps again
-            codec_state.load_servers(eng, self._codecs_to_load)
+            try:
+                codec_state.load_servers(eng, self._codecs_to_load)
+            except WorkersChanged:
+                raise
+            except PushPullError as e:  # the job goes on, those residuals from zero: not a reason to end it
+                log.error("elastic.run: the servers' compression state could not be loaded back (%s); their error "
+                          "feedback starts again from zero", e)
             self.__dict__["_codecs_to_load"] = None
         super().sync(root_rank)
         if eng is None:

@@ -7,6 +7,7 @@ stream for the same partition and different partitions draw different ones.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import numpy as np
@@ -22,11 +23,19 @@ class WorkerCodec:
         self.dtype = dtype.torch
         self.numel = numel
         self.chain = build(spec, lr_getter=lr_getter, seed_offset=key)
+        # held while the chain's state changes: a compress (the I/O thread's or a codec pool thread's), an elastic
+        # restore's load (the training thread: pushpull.worker.codec_state)
+        self.lock = threading.Lock()
 
-    def compress(self, raw: np.ndarray) -> np.ndarray:
-        """``raw``: the partition's bytes; returns the payload's wire buffer."""
-        t = torch.from_numpy(raw).view(self.dtype)
-        return self.chain.compress(t).buffer.numpy()
+    def compress(self, raw: np.ndarray, wanted: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """``raw``: the partition's bytes; returns the payload's wire buffer. ``wanted`` (a pool thread's): asked
+        under the lock, None when the push is no longer wanted (its op ended, the job changed): a push of before a
+        change must not move the chain's state after the restore that follows it."""
+        with self.lock:
+            if wanted is not None and not wanted():
+                return None
+            t = torch.from_numpy(raw).view(self.dtype)
+            return self.chain.compress(t).buffer.numpy()
 
     def decompress_into(self, buf, dst: np.ndarray) -> None:
         """Decode a payload into the partition's output bytes ``dst``."""

@@ -248,7 +248,8 @@ class Pipeline:
 
         def compressed(fut) -> None:  # on a pool thread: the rest belongs to the I/O thread
             self.van.call_soon(lambda: self._push_compressed(op, p, fut, flags, extra, gen))
-        self.pool.submit(p.codec.compress, view).add_done_callback(compressed)
+        self.pool.submit(p.codec.compress, view,
+                         lambda: not op.finished and gen == self.kv.gen).add_done_callback(compressed)
 
     def _push_compressed(self, op: Op, p: Partition, fut, flags: int, extra: int, gen: int) -> None:
         """A partition compressed on the pool (BYTEPS_THREADPOOL_SIZE): send it, unless its op ended meanwhile
@@ -259,6 +260,8 @@ class Pipeline:
             frame = fut.result()
         except Exception as ex:  # noqa: BLE001 - the op fails with the codec's error, as inline
             self.finish(op, f"tensor {op.entry.name!r}: compressing partition {p.index} failed: {ex!r}")
+            return
+        if frame is None:  # not wanted any more when its turn came (WorkerCodec.compress): the checks above say so
             return
         if self.kv.window is not None:  # the window's round trip starts at the send, not before compressing
             p.t_sent = time.perf_counter()

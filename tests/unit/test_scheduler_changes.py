@@ -51,7 +51,7 @@ def test_a_change_after_the_workers_were_told_stands_alone():
     assert bodies[-1]["moved"] == {"11": 1} and "lost_servers" not in bodies[-1]
 
 
-def _taking_over(change: dict, worker_gen: int = 1):
+def _taking_over(change: dict, worker_gen: int = 1, back=(0, 1)):
     """A scheduler taking the job over from 2 workers (still in generation ``worker_gen``) and 2 servers that
     applied generation 2, ``change`` (a replacement server came in as server 1) included, before the old scheduler
     could tell the workers. Server 0 holds tensor 1 (key 1 << 24); the change moved it to server 1."""
@@ -71,7 +71,7 @@ def _taking_over(change: dict, worker_gen: int = 1):
         **{f"w{r}".encode(): {"role": "worker", "node_id": r, "rank": r, "size": 2, "size_now": 2, "gen": worker_gen,
                               "job_id": "j", "servers_lost": [1], "tensors": [tensor]} for r in range(2)},
         **{f"s{i}".encode(): {"role": "server", "node_id": nodes.server_node(i), "host": "127.0.0.1", "port": 5 + i,
-                              "gen": 2, "job_id": "j", "max_key": 1, "change": change} for i in range(2)},
+                              "gen": 2, "job_id": "j", "max_key": 1, "change": change} for i in back},
     }
     sched._recovered(force=False)
     for s in sched.servers:
@@ -99,3 +99,16 @@ def test_without_a_change_in_flight_the_takeover_makes_no_moves():
 def test_the_change_is_not_made_again_when_every_node_had_it():
     _, bodies = _taking_over({"moved": {str(1 << 24): 1}}, worker_gen=2)
     assert bodies == []
+
+
+def test_the_takeover_waits_for_a_replacement_server_the_workers_have_not_heard_of():
+    """The workers count server 1 as lost (the change that took its replacement in never reached them); the
+    servers' report of that change makes the new scheduler wait for the replacement rather than take the job over
+    without it (which would then refuse it as a stranger)."""
+    added = {"rank": 1, "host": "127.0.0.1", "port": 6}
+    sched, bodies = _taking_over({"moved": {str(1 << 24): 1}, "servers_added": [added]}, back=(0,))
+    assert sched.recovering and bodies == []
+    sched._rejoined[b"s1"] = {"role": "server", "node_id": nodes.server_node(1), "host": "127.0.0.1", "port": 6,
+                              "gen": 2, "job_id": "j", "max_key": 1, "change": {"servers_added": [added]}}
+    sched._recovered(force=False)
+    assert not sched.recovering and not sched.servers[1].dead
