@@ -28,7 +28,7 @@ import zmq
 from pushpull.cluster.assign import PART_BITS
 from pushpull.compression import build_server
 from pushpull.transport.protocol import (
-    STATE_READ, STATE_WRITE, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
+    STATE_READ, STATE_WRITE, Header, MsgType, decode_json, messages,
 )
 from pushpull.worker.direct import LIVENESS_S
 from pushpull.worker.handle import PushPullError, WorkersChanged
@@ -156,12 +156,7 @@ def _requests(engine, reqs: list, commit_id: int, every: bool = False) -> list:
     while waiting or todo:
         ready = dict(poller.poll(int(LIVENESS_S * 1000)))
         for s in ready:
-            try:
-                msg = decode(s.recv_multipart(copy=False))
-                msgs = unpack_batch(msg) if msg.header.type is MsgType.BATCH else (msg,)
-            except ProtocolError:
-                continue
-            for m in msgs:
+            for m in messages(s.recv_multipart(copy=False)):
                 h = m.header
                 i = waiting.get((by_socket[s], h.key))
                 if i is None or h.gen != gen or h.type not in (MsgType.CODEC_STATE, MsgType.ERROR):
