@@ -471,19 +471,34 @@ class Scheduler:
         """Rebuild the membership from the nodes that registered again, once every worker (as many as they say
         the job has) and every live server is back, or at the deadline (``force``) with those that are: in an
         elastic job the missing ones are lost as any node is (a new generation); otherwise the job ends, naming
-        them."""
+        them. A change the servers applied and some workers had not heard of (the old scheduler was lost while it
+        applied it) is made again (:meth:`_reported_change`): the workers are counted as it numbered them, the
+        servers it lost as lost, the replacement it took in is waited for."""
         infos = list(self._rejoined.items())
         workers = [(ident, i) for ident, i in infos if i.get("role") == "worker"]
         servers = {int(i["node_id"]) - nodes.SERVER_BASE: (ident, i) for ident, i in infos if i.get("role") == "server"}
-        size = max((int(i.get("size_now", 0)) for _, i in workers), default=0)
-        lost_servers = {int(x) for _, i in workers for x in i.get("servers_lost", ())}
-        # a replacement server the workers have not heard of yet (the change that took it in was in flight) is
-        # waited for too: the change is made again with it (_change_in_flight)
-        want_servers = set(range(self.num_servers)) - lost_servers | self._added_in_flight(servers, workers)
-        ranks = {int(i["node_id"]) for _, i in workers}
-        complete = workers and len(workers) >= size and want_servers <= set(servers)
+        top = max([int(i.get("gen", 0)) for _, i in servers.values()], default=0)
+        change = self._reported_change(servers, top) if any(int(i.get("gen", 0)) < top for _, i in workers) else {}
+        numbered = change.get("ranks")  # first rank -> rank, as the change numbered the workers
+        rank_of = {ident: (numbered.get(int(i.get("rank", -1)), -1) if numbered is not None and
+                           int(i.get("gen", 0)) < top else int(i["node_id"])) for ident, i in workers}
+        size = change["num_workers"] if "num_workers" in change else \
+            max((int(i.get("size_now", 0)) for _, i in workers), default=0)
+        added = {int(a["rank"]) for a in change.get("servers_added", ())}
+        lost_servers = {int(x) for _, i in workers for x in i.get("servers_lost", ())} | \
+            (set(change.get("lost_servers", ())) - added)
+        want_servers = set(range(self.num_servers)) - lost_servers | added
+        ranks = {r for r in rank_of.values() if r >= 0}
+        complete = workers and len(ranks) >= size and want_servers <= set(servers)
         if not complete and not force:
             return
+        # nodes this job no longer has: a worker the change dropped, a server lost (or one whose admission never
+        # reached the workers): told so, they end (the launcher starts a lost server again, as a replacement)
+        strays = [ident for ident, r in rank_of.items() if r < 0] + \
+            [servers.pop(index)[0] for index in sorted(set(servers) - want_servers)]
+        for ident in strays:
+            self._error(ident, "the job went on without this node while its scheduler was lost", recover=True)
+        workers = [(ident, i) for ident, i in workers if rank_of[ident] >= 0]
         missing_w = sorted(set(range(size)) - ranks)
         missing_s = sorted(want_servers - set(servers))
         waited = time.monotonic() - self.started
@@ -511,76 +526,63 @@ class Scheduler:
             self.servers.append(node)
             if ident:
                 self.by_identity[ident] = node
-        for ident, i in sorted(workers, key=lambda w: int(w[1]["node_id"])):
-            node = NodeInfo(ident, "worker", int(i["node_id"]), i, finished=bool(i.get("finished")))
+        for ident, i in sorted(workers, key=lambda w: rank_of[w[0]]):
+            node = NodeInfo(ident, "worker", rank_of[ident], i, finished=bool(i.get("finished")))
             self.workers[node.node_id] = node
             self.by_identity[ident] = node
         self.num_workers = size
         self.max_workers = max(int(i.get("size", size)) for _, i in workers)  # the size it registered with first
         self.assigner = Assigner(self.num_servers, self.cfg.key_hash_fn)
-        self.assigner.restore([(int(i["node_id"]), t) for _, i in workers for t in i.get("tensors", ())],
+        self.assigner.restore([(rank_of[ident], t) for ident, i in workers for t in i.get("tensors", ())],
                               max(int(i.get("max_key", 0)) for _, i in infos),
                               {index for index in range(self.num_servers) if index not in servers})
+        moved = change.get("moved", {})
+        self.assigner.apply_moves(moved)
         self.ready = True
         for node in self._all():
             self._send(node, Header(MsgType.REGISTER_ACK), [encode_json(dict(self._book(node), recovered=True))])
         log.warning("took the running job over %.1fs after starting: %d worker(s), %d server(s), generation %d",
                     waited, len(workers), len(servers), self.gen)
-        # the old scheduler was lost while it applied a change (some nodes in its generation, some not): the new one
-        # makes it again, with its moves, which every node then applies from the start
-        moved, extra = self._change_in_flight(servers, set(missing_s)) if len(gens) > 1 else ({}, {})
-        self.assigner.apply_moves(moved)
+        extra = {k: v for k, v in (("lost_servers", sorted(set(change.get("lost_servers", ())) - added)),
+                                   ("servers_added", [a for a in change.get("servers_added", ())
+                                                      if int(a["rank"]) in servers])) if v}
         if missing_w or missing_s:  # elastic: lost as any node is, in one change (one generation for all)
             self._lose_missing(missing_w, missing_s, moved, extra)
-        elif len(gens) > 1:
+        elif len(gens) > 1:  # the nodes in different generations: one every node applies from the start
             self._new_generation("the scheduler was replaced while a change of the job was applied", moved, extra)
         queued, self._join_queue = self._join_queue, []
         for identity, info in queued:  # late workers that came while the job was being taken over
             self._register(identity, info)
 
-    def _added_in_flight(self, servers: dict, workers: list) -> set[int]:
-        """The servers that a change some workers have not heard of took in (the replacements the newest
-        generation's servers report)."""
-        top = max([int(i.get("gen", 0)) for _, i in servers.values()] + [0])
-        if all(int(i.get("gen", 0)) >= top for _, i in workers):
-            return set()
-        added = set()
+    def _reported_change(self, servers: dict, top: int) -> dict:
+        """The change the newest generation's servers applied (each reports the last one it applied when it
+        registers again), parsed: its moves, servers added and lost, and the workers' numbering; {} where none is
+        readable (then it is made again without them, and its moved tensors fail, naming themselves)."""
         for _, info in servers.values():
             change = info.get("change")
-            if int(info.get("gen", 0)) != top or not isinstance(change, dict):
+            if int(info.get("gen", 0)) != top or not isinstance(change, dict) or not change:
                 continue
             try:
-                added.update(int(s["rank"]) for s in change.get("servers_added") or ())
-            except (TypeError, ValueError, KeyError):
-                continue
-        return {a for a in added if 0 <= a < self.num_servers}
-
-    def _change_in_flight(self, servers: dict, missing: set[int]) -> tuple[dict[int, int], dict]:
-        """The moves and servers of the change the newest generation's servers applied (they report it when they
-        register again), for a generation that makes it again: without them, the workers that had not heard of it
-        would keep pushing partitions to servers that dropped them, and no server would be declared the moved ones
-        (their tensors would fail). A server that did not come back is not announced as added."""
-        for _, info in servers.values():
-            change = info.get("change")
-            if int(info.get("gen", 0)) != self.gen or not isinstance(change, dict) or not change:
-                continue
-            try:
-                moved = {int(k): int(v) for k, v in dict(change.get("moved") or {}).items()}
-                extra = {"lost_servers": [int(x) for x in change.get("lost_servers") or ()],
-                         "servers_added": [dict(s) for s in change.get("servers_added") or ()
-                                           if int(s["rank"]) not in missing]}
+                out = {"moved": {int(k): int(v) for k, v in dict(change.get("moved") or {}).items()},
+                       "lost_servers": [int(x) for x in change.get("lost_servers") or ()],
+                       "servers_added": [dict(a, rank=int(a["rank"])) for a in change.get("servers_added") or ()]}
+                if isinstance(change.get("ranks"), dict):
+                    # a worker the change took in never had its address book: it registers again as a late one
+                    came_in = {int(r) for r in change.get("came_in") or ()}
+                    out["ranks"] = {int(k): int(v) for k, v in change["ranks"].items() if int(v) not in came_in}
+                    out["num_workers"] = int(change["num_workers"]) - len(came_in)
             except (TypeError, ValueError, KeyError) as e:
-                log.error("a server reported the change in flight unreadably (%r); it is made again without its moves",
-                          e)
-                return {}, {}
-            return moved, {k: v for k, v in extra.items() if v}
-        return {}, {}
+                log.error("a server reported the change in flight unreadably (%r); it is made again without it", e)
+                return {}
+            out["servers_added"] = [a for a in out["servers_added"] if 0 <= a["rank"] < self.num_servers]
+            return out
+        return {}
 
     def _lose_missing(self, ranks: list[int], servers: list[int], moved: dict[int, int] | None = None,
                       extra: dict | None = None) -> None:
         """The nodes that did not register again with a new scheduler: the job goes on without all of them in
         one generation (workers renumbered, the servers' partitions moved), which also carries the change in
-        flight (``moved``, ``extra``: :meth:`_change_in_flight`)."""
+        flight (``moved``, ``extra``: :meth:`_reported_change`)."""
         survivors = [w for r, w in sorted(self.workers.items()) if r not in ranks]
         self._renumber(survivors)
         moved = dict(moved or {})
@@ -591,7 +593,7 @@ class Scheduler:
         log.warning("%s did not register again with the new scheduler; going on with %d workers and %d server(s)",
                     what, len(survivors), len(self._live_servers()))
         if servers:
-            extra["lost_servers"] = list(extra.get("lost_servers", [])) + list(servers)
+            extra["lost_servers"] = sorted(set(extra.get("lost_servers", [])) | set(servers))
         self._new_generation(f"{what} did not register again with the new scheduler", moved, extra)
 
     # ------------------------------------------------------------ elastic --

@@ -52,10 +52,16 @@ class ServerCodec:
             return True
         packed = self.kept.get(commit)
         if packed is None:
-            self.chain = self._build()
-            self.loaded = (gen, -1)
+            self.drop(gen)
             return False
         return self.load(packed, commit, gen)
+
+    def drop(self, gen: int) -> None:
+        """From zero after a change (generation ``gen``) where nothing was loaded in it yet (a copy a worker
+        loaded first, of another commit, stays: the arrival order must not decide)."""
+        if self.loaded[0] != gen:
+            self.chain = self._build()
+            self.loaded = (gen, -1)
 
     def load(self, buf, commit: int, gen: int) -> bool:
         """After a change (generation ``gen``): go back to commit ``commit``'s state (a worker's copy, or this

@@ -94,7 +94,8 @@ class Members:
         self.rank_now = rank_now
         # where partitions went in it: a scheduler that takes the job over before every worker heard of this change
         # makes it again (Scheduler._change_in_flight)
-        self.last_change = {k: d[k] for k in ("moved", "servers_added", "lost_servers") if d.get(k)}
+        self.last_change = {k: d[k] for k in ("moved", "servers_added", "lost_servers", "ranks", "num_workers",
+                                              "came_in") if d.get(k)}
         return same
 
     def ack_reset(self) -> None:

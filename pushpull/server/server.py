@@ -394,7 +394,11 @@ class Server:
             body = ks.codec.state(h.extra)
         elif h.numel == STATE_WRITE:
             state = msg.body_view()
-            ks.codec.load(state, h.extra, h.gen) if len(state) else ks.codec.rollback(h.extra, h.gen)
+            try:
+                ks.codec.load(state, h.extra, h.gen) if len(state) else ks.codec.rollback(h.extra, h.gen)
+            except ValueError:
+                ks.codec.drop(h.gen)  # from zero, as its error says: not the state the change left
+                raise
             body = b""
         else:
             raise ProtocolError(f"CODEC_STATE step {h.numel}")

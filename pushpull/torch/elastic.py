@@ -274,8 +274,8 @@ class TorchState(State):
             except WorkersChanged:
                 raise
             except PushPullError as e:  # the job goes on, those residuals from zero: not a reason to end it
-                log.error("elastic.run: the servers' compression state could not be loaded back (%s); their error "
-                          "feedback starts again from zero", e)
+                log.error("elastic.run: the servers' compression state could not be loaded back for every tensor (%s); "
+                          "the error feedback of those refused starts again from zero", e)
             self.__dict__["_codecs_to_load"] = None
         super().sync(root_rank)
         if eng is None:

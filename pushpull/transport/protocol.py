@@ -259,6 +259,16 @@ def pack_batch(messages: list) -> list:
     return [Header(MsgType.BATCH, numel=len(messages)).pack(), b"".join(parts)]
 
 
+def messages(frames: list) -> tuple:
+    """The messages in one received multipart message (a BATCH's, or the one), or () when it is malformed: what a
+    blocking caller of its own socket reads (the direct path, sparse tables, the compression state's copies)."""
+    try:
+        msg = decode(frames)
+        return tuple(unpack_batch(msg)) if msg.header.type is MsgType.BATCH else (msg,)
+    except ProtocolError:
+        return ()
+
+
 def unpack_batch(msg: "Msg") -> list:
     """The messages inside a BATCH, each a :class:`Msg` whose body is a view of the batch frame."""
     buf = msg.body_view()

@@ -8,11 +8,11 @@ lose its server's residual. So a commit keeps them, and a restore puts them back
 
 * the worker's own codecs (every compressed partition): a copy in memory, like the model's;
 * the servers' (each compressed partition's sum): at the commit, each server keeps a copy of its own in memory and
-  one worker (:func:`holds`) reads it (CODEC_STATE, STATE_READ). After a change every server drops its residuals;
-  then every worker asks each server to go back to its own copy (STATE_WRITE, empty), and the holder sends its
-  copy too (STATE_WRITE): a lost worker's partitions come back from their servers, a lost server's from their
-  holders. Only a server and the holder of one of its partitions lost together lose that partition's residual
-  (it starts again from zero, as on a new server). One copy off the server, not two: a commit reads 1/n of the
+  one worker (:func:`holds`) reads it (CODEC_STATE, STATE_READ). After a change every worker asks each server to go
+  back to its own copy (STATE_WRITE, empty), and the holder sends its copy too (STATE_WRITE): a lost worker's
+  partitions come back from their servers, a lost server's from their holders. Only a server and the holder of one
+  of its partitions lost together lose that partition's residual (it starts again from zero, as on a new
+  server). One copy off the server, not two: a commit reads 1/n of the
   compressed tensors' residuals per worker.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import zmq
 from pushpull.cluster.assign import PART_BITS
 from pushpull.compression import build_server
 from pushpull.transport.protocol import (
-    STATE_READ, STATE_WRITE, Header, MsgType, ProtocolError, decode, decode_json, unpack_batch,
+    STATE_READ, STATE_WRITE, Header, MsgType, decode_json, messages,
 )
 from pushpull.worker.direct import LIVENESS_S
 from pushpull.worker.handle import PushPullError, WorkersChanged
@@ -112,21 +112,23 @@ def load_servers(engine, kept: dict | None) -> None:
         return
     writes = [(e, p, STATE_WRITE, 0, kept["servers"].get(p.key, b"")) for e, p in _compressed(engine)
               if (p.inited or p.moved) and _on_servers(engine, e)]
-    _requests(engine, writes, kept["commit"])
+    _requests(engine, writes, kept["commit"], every=True)
 
 
 WINDOW = 64  # requests in flight at once: every server's link busy, far below a socket's high-water mark
 
 
-def _requests(engine, reqs: list, commit_id: int) -> list:
+def _requests(engine, reqs: list, commit_id: int, every: bool = False) -> list:
     """CODEC_STATE requests (entry, partition, step, round, body) sent on the caller's thread over the direct path's
     sockets, WINDOW at a time, so that every server's link carries its share at the same time; the answers' bodies
-    in the same order. Raises WorkersChanged when the job changes meanwhile, PushPullError on a server's error or
-    when no answer came for PUSHPULL_TIMEOUT, naming the tensor."""
+    in the same order. Raises WorkersChanged when the job changes meanwhile, PushPullError on a server's error (with
+    ``every``: once every request is answered, naming each refused one: a load refused for one key leaves the others
+    to load) or when no answer came for PUSHPULL_TIMEOUT, naming the tensor."""
     if not reqs:
         return []
     gen, direct, timeout = engine.gen, engine.direct, engine.cfg.timeout
     out: list = [None] * len(reqs)
+    refused: list[str] = []
     waiting: dict[tuple[str, int], int] = {}
     poller, by_socket = zmq.Poller(), {}
     todo = list(range(len(reqs) - 1, -1, -1))  # a stack: the next request is the last
@@ -154,23 +156,23 @@ def _requests(engine, reqs: list, commit_id: int) -> list:
     while waiting or todo:
         ready = dict(poller.poll(int(LIVENESS_S * 1000)))
         for s in ready:
-            try:
-                msg = decode(s.recv_multipart(copy=False))
-                msgs = unpack_batch(msg) if msg.header.type is MsgType.BATCH else (msg,)
-            except ProtocolError:
-                continue
-            for m in msgs:
+            for m in messages(s.recv_multipart(copy=False)):
                 h = m.header
                 i = waiting.get((by_socket[s], h.key))
                 if i is None or h.gen != gen or h.type not in (MsgType.CODEC_STATE, MsgType.ERROR):
                     continue  # a late answer to an earlier call on this thread's socket
-                e, p, step, *_ = reqs[i]
+                e, p, step, rnd, _ = reqs[i]
+                if h.type == MsgType.CODEC_STATE and (h.numel != step or h.round != rnd):
+                    continue  # an answer to another request for the key (an earlier call's, late)
+                del waiting[(by_socket[s], h.key)]
                 if h.type == MsgType.ERROR:
                     text = decode_json(m.body()).get("error", "unknown server error")
-                    raise PushPullError(f"tensor {e.name!r}: {_what(step)} the compression state of partition "
-                                        f"{p.index} on server {p.server}: {text}")
+                    refused.append(f"tensor {e.name!r}: {_what(step)} the compression state of partition "
+                                   f"{p.index} on server {p.server}: {text}")
+                    if not every:
+                        raise PushPullError(refused[0])
+                    continue
                 out[i] = m.body_view()
-                del waiting[(by_socket[s], h.key)]
                 deadline = time.monotonic() + timeout  # a deadline per answer: a large model's copy takes a while
         send_next()
         if not ready or time.monotonic() > deadline:
@@ -183,6 +185,8 @@ def _requests(engine, reqs: list, commit_id: int) -> list:
                 e, p, step, *_ = reqs[next(iter(waiting.values()), todo[-1] if todo else 0)]
                 raise PushPullError(f"tensor {e.name!r}: {_what(step)} the compression state of partition {p.index}: "
                                     f"server {p.server} did not answer within {timeout:.0f}s (PUSHPULL_TIMEOUT)")
+    if refused:
+        raise PushPullError("; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else ""))
     return out
 
 

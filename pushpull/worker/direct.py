@@ -32,7 +32,7 @@ from pushpull.cluster.nodes import worker_identity
 from pushpull.transport.lane import LaneClient, lane_key, lane_sealed
 from pushpull.transport.van import tcp_host
 from pushpull.transport.protocol import (
-    Flags, Header, MsgType, ProtocolError, decode, decode_json, is_answer, unpack_batch,
+    Flags, Header, MsgType, decode_json, is_answer, messages,
 )
 
 _recv = zmq.backend.Socket.recv
@@ -245,12 +245,7 @@ class DirectPath:
             if is_answer(first if first.__class__ is memoryview else first.buffer, want, header.key, header.round,
                          header.gen):
                 return body if body.__class__ is memoryview else body.buffer
-        try:
-            msg = decode(frames)
-            msgs = unpack_batch(msg) if msg.header.type is MsgType.BATCH else (msg,)
-        except ProtocolError:
-            return None
-        for m in msgs:
+        for m in messages(frames):
             h = m.header
             if h.key != header.key:
                 continue  # a late answer to an earlier call that timed out

@@ -626,7 +626,10 @@ class Engine:
         socket, direct path and lane go to the new address. Its pushes and pulls take ZeroMQ (a data lane
         is opened only at the start)."""
         sock = f"s{int(s['rank'])}"
-        self.server_addrs[sock] = server_address(s, self.cfg.local_ipc)
+        address = server_address(s, self.cfg.local_ipc)
+        if int(s["rank"]) not in self.servers_lost and self.server_addrs.get(sock) == address:
+            return  # announced again (a change made again by a scheduler that took the job over): known already
+        self.server_addrs[sock] = address
         self.van.replace_dealer(sock, self.server_addrs[sock], worker_identity(self.first_rank),
                                 self.kv.on_server_message, host=str(s["host"]))
         self.direct.replace(sock, f"tcp://{s['host']}:{s['port']}",

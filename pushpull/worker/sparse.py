@@ -27,8 +27,8 @@ import numpy as np
 import zmq
 
 from pushpull.transport.protocol import (
-    COPY_CLOSE, COPY_OPEN, COPY_READ, Flags, Header, MsgType, ProtocolError, decode, decode_json, dtype_code,
-    encode_json, f32_bits, frame_view, unpack_batch,
+    COPY_CLOSE, COPY_OPEN, COPY_READ, Flags, Header, MsgType, decode_json, dtype_code, encode_json, f32_bits,
+    frame_view, messages,
 )
 from pushpull.worker.direct import LIVENESS_S, DirectPath
 from pushpull.worker.handle import PushPullError, WorkersChanged
@@ -163,12 +163,7 @@ class SparseClient:
                         f"{self.engine.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT): {missing} (a round completes when "
                         f"every worker pushed it: does every worker call step() once per step?)")
                 continue
-            try:
-                msg = decode(s.recv_multipart(copy=False))
-                msgs = unpack_batch(msg) if msg.header.type is MsgType.BATCH else (msg,)
-            except ProtocolError:
-                continue
-            for m in msgs:
+            for m in messages(s.recv_multipart(copy=False)):
                 h = m.header
                 if h.key != self.key or h.gen != self.gen:
                     continue

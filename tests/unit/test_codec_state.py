@@ -263,3 +263,14 @@ def test_a_read_of_another_round_than_the_last_completed_is_refused_naming_both(
     ks = SimpleNamespace(name="g", completed=4, codec=_server())
     with pytest.raises(RoundError, match="round 3.*completed round 4"):
         srv._codec_state_op(b"w0", _msg(9, STATE_READ, rnd=3), ks)
+
+
+def test_a_rollback_without_a_copy_keeps_a_workers_copy_loaded_first_in_the_generation():
+    """Ranks that disagree on the last commit (a change during one): the order the loads arrive in must not decide."""
+    codec, grads = _server(), _grads(3)
+    _sum(codec, grads[0])
+    old = codec.state(4)
+    _sum(codec, grads[1])
+    assert codec.load(old, 4, gen=1)
+    assert not codec.rollback(5, gen=1)  # no copy of commit 5 here: nothing better to go back to
+    assert codec.state(6) == old

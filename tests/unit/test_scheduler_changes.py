@@ -112,3 +112,70 @@ def test_the_takeover_waits_for_a_replacement_server_the_workers_have_not_heard_
                               "gen": 2, "job_id": "j", "max_key": 1, "change": {"servers_added": [added]}}
     sched._recovered(force=False)
     assert not sched.recovering and not sched.servers[1].dead
+
+
+def _takeover(workers, servers, servers_lost=(), size_now=None):
+    """A recovering scheduler (2 server slots) given the nodes that registered again: ``workers`` as (first rank,
+    rank they report, generation), ``servers`` as (index, generation, last change applied); returns the
+    scheduler, the RESET bodies sent to workers once the servers acknowledge, and the errors sent."""
+    from types import SimpleNamespace
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.gen, sched._reset_body, sched._reset_waiting = 0, {}, set()
+    sched._joining, sched._join_queue, sched.barriers = [], [], {}
+    sched.workers, sched.servers, sched.by_identity = {}, [], {}
+    sched.num_servers, sched.num_workers, sched.job_id, sched.started = 2, 0, "j", 0.0
+    sched.recovering, sched.ready = True, False
+    sched.cfg = SimpleNamespace(min_workers=1, register_timeout=30.0, key_hash_fn="balanced", scheduler_recover=True)
+    sent, errors = [], []
+    sched._send = lambda node, header, frames=(): sent.append((node, header, frames))
+    sched._error = lambda ident, text, key=0, recover=False: errors.append((ident, text))
+    size = size_now if size_now is not None else len(workers)
+    tensor = {"name": "w", "shape": [100], "dtype": "float32", "parts": [400], "key": 1, "servers": [0]}
+    sched._rejoined = {
+        **{f"w{first}".encode(): {"role": "worker", "node_id": now, "rank": first, "size": 3, "size_now": size,
+                                  "gen": gen, "job_id": "j", "servers_lost": list(servers_lost), "tensors": [tensor]}
+           for first, now, gen in workers},
+        **{f"s{i}".encode(): {"role": "server", "node_id": nodes.server_node(i), "host": "127.0.0.1", "port": 5 + i,
+                              "gen": gen, "job_id": "j", "max_key": 1, "change": change} for i, gen, change in servers},
+    }
+    sched._recovered(force=False)
+    for s in sched.servers:
+        if not s.dead:
+            sched._reset_ack(s, sched.gen)
+    bodies = [json.loads(bytes(f[0])) for node, h, f in sent
+              if node in sched.workers.values() and h.type == MsgType.RESET]
+    return sched, bodies, errors
+
+
+def test_a_lost_server_change_in_flight_is_made_again_without_waiting_for_the_lost_server():
+    """The servers applied 'server 1 lost, its partitions to server 0'; the workers had not heard of it, so they do
+    not count server 1 as lost: the takeover must not wait out its deadline for it."""
+    change = {"moved": {str(1 << 24): 0}, "lost_servers": [1], "ranks": {"0": 0, "1": 1}, "num_workers": 2}
+    sched, bodies, _ = _takeover([(0, 0, 1), (1, 1, 1)], [(0, 2, change)])
+    assert not sched.recovering and sched.servers[1].dead
+    assert bodies and bodies[0]["lost_servers"] == [1] and bodies[0]["moved"] == {str(1 << 24): 0}
+
+
+def test_a_worker_lost_in_a_change_in_flight_leaves_the_others_numbered_as_it_said():
+    """Three workers, the one that started as rank 1 lost: rank 2 became 1, but the worker that did not hear of it
+    still says 2, and another that did says 1: counted as the change numbered them, not one over the other."""
+    change = {"ranks": {"0": 0, "2": 1}, "num_workers": 2}
+    sched, bodies, _ = _takeover([(0, 0, 2), (2, 2, 1)], [(0, 2, change), (1, 2, change)], size_now=3)
+    assert sorted(sched.workers) == [0, 1] and sched.workers[1].info["rank"] == 2 and sched.num_workers == 2
+    assert bodies and bodies[0]["num_workers"] == 2
+
+
+def test_a_worker_a_change_in_flight_took_in_registers_again_as_a_late_one():
+    change = {"ranks": {"0": 0, "1": 1, "5": 2}, "num_workers": 3, "came_in": [2]}
+    sched, bodies, _ = _takeover([(0, 0, 1), (1, 1, 1)], [(0, 2, change), (1, 2, change)], size_now=2)
+    assert not sched.recovering and sched.num_workers == 2 and sorted(sched.workers) == [0, 1]
+
+
+def test_a_server_whose_admission_never_reached_anyone_is_told_to_end():
+    """The old scheduler answered a replacement server and died before the change that took it in went out: the
+    workers count its index as lost and no server reports it added. Taken back as alive, it would be given
+    partitions no worker can reach; it is told to end (the launcher starts it again, as a late server)."""
+    sched, _, errors = _takeover([(0, 0, 1), (1, 1, 1)], [(0, 1, {}), (1, 0, {})], servers_lost=[1])
+    assert not sched.recovering and sched.servers[1].dead
+    assert [ident for ident, _ in errors] == [b"s1"]
