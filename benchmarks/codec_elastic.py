@@ -108,8 +108,9 @@ def report(args, results: list[dict], rate_Bps: float | None, wall: float) -> st
             f"{f'{1000 * bound / every:.1f} ms ({100 * bound / every / base:.1f} %)' if every and bound else ''} "
             f"| "
             f"{wire / 1e6:.2f} MB |")
-    lines += ["", "The overhead is against the mean of the commit-free phases of the same run. Goal (issue 30, item 3): "
-              "what keeps the servers' state costs at most 10 % of the step time at 100 Mbit/s in the steady state. "
+    lines += ["", "The overhead is against the mean of the commit-free phases of the same run. Goal (issue 30, "
+              "item 3): what keeps the servers' state costs at most 10 % of the step time at 100 Mbit/s in the "
+              "steady state. "
               "Between commits it costs nothing (no byte, no copy); a commit reads 1/n of the compressed tensors' "
               "residuals per worker (each partition's copy on one worker), uncompressed: about what one "
               "uncompressed pull of them costs, so a commit every K steps costs about 1/K of an uncompressed step "
