@@ -11,15 +11,13 @@ lose its server's residual. So a commit keeps them, and a restore puts them back
   one worker (:func:`holds`) reads it (CODEC_STATE, STATE_READ). After a change every worker asks each server to go
   back to its own copy (STATE_WRITE, empty), and the holder sends its copy too (STATE_WRITE): a lost worker's
   partitions come back from their servers, a lost server's from their holders. Only a server and the holder of one
-  of its partitions lost together lose that partition's residual (it starts again from zero, as on a new
-  server). One copy off the server, not two: a commit reads 1/n of the
-  compressed tensors' residuals per worker.
+  of its partitions lost together lose that partition's residual (it starts again from zero, as on a new server).
+  One copy off the server, not two: a commit reads 1/n of the compressed tensors' residuals per worker.
 """
 from __future__ import annotations
 
 import functools
 import json
-import logging
 import time
 
 import torch
@@ -33,7 +31,6 @@ from pushpull.transport.protocol import (
 from pushpull.worker.direct import LIVENESS_S
 from pushpull.worker.handle import PushPullError, WorkersChanged
 
-log = logging.getLogger(__name__)
 
 
 def holds(key: int, rank: int, size: int) -> bool:
