@@ -109,28 +109,21 @@ def main(argv=None) -> int:
             Path(args.out).write_text(text + "\n")
         return 0
 
-    from pushpull.emulate import EmulatedCluster
-    from pushpull.emulate.jobs import launch_job
+    from pushpull.bench.report import write_page
+    from pushpull.emulate.jobs import run_on_separate_hosts
     from pushpull.units import rate_bytes
 
     argv_w = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rows", str(args.rows), "--dim",
               str(args.dim), "--batch", str(args.batch), "--dense-steps", str(args.dense_steps),
               "--sparse-steps", str(args.sparse_steps)]
-    t0 = time.monotonic()
-    with EmulatedCluster(4, rate=args.rate, congestion=args.congestion) as cluster:
-        job = launch_job(cluster, 2, 2, argv_w, placement="separate", log_dir="/tmp/pushpull-sparse-bench",
-                         env={"OMP_NUM_THREADS": "1", "PUSHPULL_TIMEOUT": "300"})
-        job.wait(args.dense_steps * 120 + 600)
-        emulated = cluster.emulated
-        results = [job[w].result() for w in ("worker0", "worker1")]
-    wall = time.monotonic() - t0
+    results, emulated, wall = run_on_separate_hosts(
+        argv_w, args.rate, args.congestion, {"OMP_NUM_THREADS": "1", "PUSHPULL_TIMEOUT": "300"},
+        "/tmp/pushpull-sparse-bench", args.dense_steps * 120 + 600)
     rate_Bps = rate_bytes(args.rate) if emulated else None
     text = report(args, results, rate_Bps, wall)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-        Path(args.out).with_suffix(".json").write_text(json.dumps(
-            {"args": vars(args), "workers": results, "emulated": emulated, "wall_s": wall}, indent=1))
+        write_page(args.out, text, {"args": vars(args), "workers": results, "emulated": emulated, "wall_s": wall})
     return 0
 
 

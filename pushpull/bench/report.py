@@ -376,6 +376,16 @@ def plots(rows: list[dict], out_dir: Path, name: str) -> list[str]:
     return made
 
 
+def write_page(out: str | Path, text: str, data: dict) -> None:
+    """A benchmark's results page (markdown) at ``out`` and its data beside it (the same name, .json)."""
+    import json
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+
+
 def write_report(results: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> Path:
     from pushpull.bench.grid import read_rows
 

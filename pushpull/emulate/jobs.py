@@ -209,6 +209,20 @@ def launch_job(cluster: EmulatedCluster, num_workers: int, num_servers: int, wor
     return job
 
 
+def run_on_separate_hosts(worker_argv: Sequence[str], rate: str, congestion: str, env: dict, log_dir: str,
+                          timeout: float, num_workers: int = 2, num_servers: int = 2) -> tuple[list[dict], bool, float]:
+    """One job with its workers and servers on hosts of their own, every link shaped to ``rate``, run to its end:
+    each worker's RESULT (:meth:`Proc.result`), whether the links were emulated (False: the loopback fallback, no
+    shaping), and the wall time. The sparse and elastic benchmarks' job."""
+    t0 = time.monotonic()
+    with EmulatedCluster(num_workers + num_servers, rate=rate, congestion=congestion) as cluster:
+        job = launch_job(cluster, num_workers, num_servers, worker_argv, placement="separate", log_dir=log_dir,
+                         env=env)
+        job.wait(timeout)
+        results = [job[f"worker{i}"].result() for i in range(num_workers)]
+        return results, cluster.emulated, time.monotonic() - t0
+
+
 def launch_torch_job(cluster: EmulatedCluster, world_size: int, argv: Sequence[str], env: dict | None = None,
                      procs_per_host: int = 1, port: int | None = None, log_dir: str | Path | None = None) -> Job:
     """Start a ``torch.distributed`` job: rank r on host r // procs_per_host.

@@ -266,10 +266,7 @@ class Server:
                     self._error(identity, h.key, f"{h.type.name} for key {h.key} before its INIT completed",
                                 h.req_id)
                     return
-                if self.engines and not ks.inline:
-                    self._hand_off(h.key % len(self.engines), (identity, msg, ks))
-                else:  # no hand-off: sum here (zmq's own thread keeps receiving meanwhile)
-                    self._serve(identity, msg, ks)
+                self._on_key_thread(identity, msg, ks)
             elif h.type == MsgType.STATUS:
                 self._status(identity, h)
             elif h.type == MsgType.INIT:
@@ -379,10 +376,7 @@ class Server:
         if ks.codec is None or ks.outer is not None or ks.store is not None:
             self._error(identity, h.key, f"tensor {ks.name!r}: no compression state on the server", h.req_id)
             return
-        if self.engines and not ks.inline:
-            self._hand_off(h.key % len(self.engines), (identity, msg, ks))
-        else:
-            self._serve(identity, msg, ks)
+        self._on_key_thread(identity, msg, ks)
 
     def _codec_state_op(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
         h = msg.header
@@ -416,6 +410,14 @@ class Server:
         self.declarations.check_timeouts()
 
     # ------------------------------------------------------------ engines --
+    def _on_key_thread(self, identity: bytes, msg: Msg, ks: KeyState) -> None:
+        """Serve ``msg`` on the engine thread that owns its key, in order with the key's other requests; a small key
+        (or no engine threads) is served here, on the I/O thread (zmq's own thread keeps receiving meanwhile)."""
+        if self.engines and not ks.inline:
+            self._hand_off(ks.key % len(self.engines), (identity, msg, ks))
+        else:
+            self._serve(identity, msg, ks)
+
     def _hand_off(self, engine: int, item: tuple) -> None:
         """Queue a request for its engine thread; the requests of one pass of the I/O loop go
         over together at its end (one wake-up, and no engine queueing for the GIL mid-pass)."""

@@ -52,32 +52,12 @@ def test_a_change_after_the_workers_were_told_stands_alone():
 
 
 def _taking_over(change: dict, worker_gen: int = 1, back=(0, 1)):
-    """A scheduler taking the job over from 2 workers (still in generation ``worker_gen``) and 2 servers that
-    applied generation 2, ``change`` (a replacement server came in as server 1) included, before the old scheduler
-    could tell the workers. Server 0 holds tensor 1 (key 1 << 24); the change moved it to server 1."""
-    from types import SimpleNamespace
-
-    sched = Scheduler.__new__(Scheduler)
-    sched.gen, sched._reset_body, sched._reset_waiting = 0, {}, set()
-    sched._joining, sched._join_queue, sched.barriers = [], [], {}
-    sched.workers, sched.servers, sched.by_identity = {}, [], {}
-    sched.num_servers, sched.num_workers, sched.job_id, sched.started = 2, 0, "j", 0.0
-    sched.recovering, sched.ready = True, False
-    sched.cfg = SimpleNamespace(min_workers=1, register_timeout=30.0, key_hash_fn="balanced", scheduler_recover=True)
-    sent = []
-    sched._send = lambda node, header, frames=(): sent.append((node, header, frames))
-    tensor = {"name": "w", "shape": [100], "dtype": "float32", "parts": [400], "key": 1, "servers": [0]}
-    sched._rejoined = {
-        **{f"w{r}".encode(): {"role": "worker", "node_id": r, "rank": r, "size": 2, "size_now": 2, "gen": worker_gen,
-                              "job_id": "j", "servers_lost": [1], "tensors": [tensor]} for r in range(2)},
-        **{f"s{i}".encode(): {"role": "server", "node_id": nodes.server_node(i), "host": "127.0.0.1", "port": 5 + i,
-                              "gen": 2, "job_id": "j", "max_key": 1, "change": change} for i in back},
-    }
-    sched._recovered(force=False)
-    for s in sched.servers:
-        sched._reset_ack(s, sched.gen)
-    bodies = [json.loads(bytes(f[0])) for node, h, f in sent
-              if node in sched.workers.values() and h.type == MsgType.RESET]
+    """A scheduler taking the job over from 2 workers (still in generation ``worker_gen``, counting server 1 lost)
+    and the servers ``back`` that applied generation 2, ``change`` (a replacement server came in as server 1)
+    included, before the old scheduler could tell the workers. Server 0 holds tensor 1 (key 1 << 24); the change
+    moved it to server 1 (:func:`_takeover`)."""
+    sched, bodies, _ = _takeover([(0, 0, worker_gen), (1, 1, worker_gen)], [(i, 2, change) for i in back],
+                                 servers_lost=[1])
     return sched, bodies
 
 
