@@ -62,7 +62,8 @@ def _base(method: str) -> str:
 
 def _options(method: str) -> dict[str, float]:
     """A method's own settings after ``@``: ``sync@0.003`` (its AdamW learning rate) or, by name,
-    ``diloco100@lr=0.003/olr=1/mom=0`` (lr: AdamW's; olr, mom: the outer SGD's learning rate and Nesterov momentum)."""
+    ``diloco100@lr=0.003/olr=1/mom=0/sync=150`` (lr: AdamW's; olr, mom: the outer SGD's learning rate and Nesterov
+    momentum; sync: synchronous steps before DiLoCo starts)."""
     if "@" not in method:
         return {}
     text = method.split("@", 1)[1]
@@ -71,8 +72,8 @@ def _options(method: str) -> dict[str, float]:
     opts = {}
     for item in text.split("/"):
         key, _, value = item.partition("=")
-        if key not in ("lr", "olr", "mom"):
-            raise SystemExit(f"{method}: unknown setting {key!r} (lr, olr, mom)")
+        if key not in ("lr", "olr", "mom", "sync"):
+            raise SystemExit(f"{method}: unknown setting {key!r} (lr, olr, mom, sync)")
         opts[key] = float(value)
     return opts
 
@@ -80,6 +81,11 @@ def _options(method: str) -> dict[str, float]:
 def _lr(method: str, default: float) -> float:
     """A method's own AdamW learning rate, or the default (``--lr``)."""
     return _options(method).get("lr", default)
+
+
+def _sync_start(method: str) -> int:
+    """The synchronous steps a DiLoCo method starts with (``@sync=150``; 0: none)."""
+    return int(_options(method).get("sync", 0))
 
 
 def _outer(method: str, args) -> tuple[float, float]:
@@ -158,10 +164,14 @@ def worker(args) -> None:
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
     method = args.method
-    if _base(method) == "sync":
-        bps.broadcast_parameters(m.state_dict(), root_rank=0)
-        opt = bps.DistributedOptimizer(inner, named_parameters=m.named_parameters())
-    else:
+    is_sync = _base(method) == "sync"
+    sync_start = _sync_start(method)
+    if sync_start and _churn(method):
+        raise SystemExit(f"{method}: a synchronous start (sync=) is not combined with churn here")
+    seeds = {"s": 0.0, "calls": 0}
+    table = bps.engine().table
+
+    def diloco():
         h = _h(method)
         kw = {}
         if _base(method).startswith("streaming"):
@@ -169,12 +179,10 @@ def worker(args) -> None:
             kw = dict(fragments=4, overlap=5, compression=bps.Compression.build(
                 codec, **({"block": 256} if codec == "int8" else {"group": 64})))
         olr, mom = _outer(method, args)
-        opt = bps.DiLoCo(inner, m.named_parameters(), sync_every=h, name=re.sub(r"\W", "_", method), outer_lr=olr, outer_momentum=mom,
-                         nesterov=mom > 0, **kw)
+        made = bps.DiLoCo(inner, m.named_parameters(), sync_every=h, name=re.sub(r"\W", "_", method), outer_lr=olr,
+                          outer_momentum=mom, nesterov=mom > 0, **kw)
         # the steady-state cost of keeping the servers' state on the workers (issue 30, item 3): each answer's
         # seed, advanced on the I/O thread (elastic jobs only: a -lose, -replace or -serverloss method)
-        seeds = {"s": 0.0, "calls": 0}
-        table = bps.engine().table
 
         def timed_advance(*a, _advance=table.advance_seed):
             t = time.perf_counter()
@@ -182,16 +190,31 @@ def worker(args) -> None:
             seeds["s"] += time.perf_counter() - t
             seeds["calls"] += 1
         table.advance_seed = timed_advance
+        return made
+
+    if is_sync or sync_start:
+        bps.broadcast_parameters(m.state_dict(), root_rank=0)
+        opt = bps.DistributedOptimizer(inner, named_parameters=m.named_parameters())
+    else:
+        opt = diloco()
     newcomer = getattr(opt, "joined_at", None) is not None
     if newcomer:
         print(f"NEWCOMER rank {rank} came into the running job at step {opt.joined_at}", flush=True)
     gen = torch.Generator().manual_seed(1000 + rank + (500 if newcomer else 0))  # a replacement's own windows
     t0 = time.perf_counter()
     losses = []
-    is_sync = _base(method) == "sync"
     killed = 0
-    while (len(losses) if is_sync else opt.steps) < args.steps:  # a newcomer starts at the job's step
-        step = len(losses) if is_sync else opt.steps
+
+    def step_now() -> int:
+        """The job's step (a newcomer starts at the job's step, which DiLoCo tells it)."""
+        return sync_start + opt.steps if isinstance(opt, bps.DiLoCo) else len(losses)
+
+    while step_now() < args.steps:
+        step = step_now()
+        if sync_start and step == sync_start and not isinstance(opt, bps.DiLoCo):
+            # the synchronous start is over: DiLoCo over the same AdamW from here
+            opt.remove_hooks()
+            opt = diloco()
         if _churn(method) in ("lose", "replace") and step == args.kill_at and rank == size - 1 and not newcomer:
             print(f"rank {rank} SIGKILLs itself at step {step} (--kill-at)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -232,6 +255,8 @@ def worker(args) -> None:
                                       "train_loss_end": sum(losses[-20:]) / len(losses[-20:]),
                                       "train_curve": [sum(losses[i:i + 50]) / len(losses[i:i + 50])
                                                       for i in range(0, len(losses), 50)],
+                                      "sync_steps": args.steps if is_sync else sync_start,
+                                      "outer_rounds": None if is_sync else opt.rounds,
                                       **({} if is_sync or not table.keep_seeds else {
                                           "seed_s": seeds["s"], "seed_calls": seeds["calls"], "rounds": opt.rounds,
                                                              "servers_lost": sorted(bps.engine().servers_lost)})}),
@@ -340,9 +365,9 @@ def report(args, results: list[dict]) -> str:
                 f"(the global parameters and the outer momentum they inferred); every worker stays, none restores."
                 if "serverloss" in kinds else ""),
              "",
-             "| method | outer rounds | held-out loss | vs synchronous | vs undisturbed | train loss (last 20 steps) "
-             "| wall |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| method | outer rounds | model exchanges per worker | held-out loss | vs synchronous | vs undisturbed "
+             "| train loss (last 20 steps) | wall |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         m = r["method"]
         h = None if _base(m) == "sync" else _h(m)
@@ -362,11 +387,18 @@ def report(args, results: list[dict]) -> str:
                       f"{r.get('newcomer_at')}")
         elif _churn(m) == "serverloss":
             label += f", one of 2 servers lost at step {args.kill_at}"
-        rounds = "every step" if h is None else f"{args.steps // h}"
+        first = _sync_start(m)
+        if first:
+            label += f", after {first} synchronous steps"
+        rounds = "every step" if h is None else f"{(args.steps - first) // h}"
+        # a synchronous step exchanges the whole model (its gradient), a DiLoCo round one fragment (the start and
+        # the final sync() count as rounds)
+        frags = 4 if base.startswith("streaming") else 1
+        exchanges = f"{r['sync_steps'] + (r['outer_rounds'] or 0) / frags:.0f}" if "sync_steps" in r else ""
         vs = "" if sync is None or _base(m) == "sync" else f"{100 * (r['held_out_loss'] / sync['held_out_loss'] - 1):+.2f} %"
         calm = by_method.get(base) if _churn(m) else None
         vs_calm = "" if calm is None else f"{100 * (r['held_out_loss'] / calm['held_out_loss'] - 1):+.2f} %"
-        lines.append(f"| {label} | {rounds} | {r['held_out_loss']:.4f} | {vs} | {vs_calm} | "
+        lines.append(f"| {label} | {rounds} | {exchanges} | {r['held_out_loss']:.4f} | {vs} | {vs_calm} | "
                      f"{r['train_loss_end']:.4f} | {r['wall_s']:.0f} s |")
     seeded = [r for r in results if "seed_s" in r]
     if seeded:

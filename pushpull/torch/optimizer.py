@@ -175,6 +175,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if tr is not None:
             tr.synchronized(t0)
 
+    def load_state_dict(self, state_dict) -> None:
+        """Loads into the wrapped optimizer, whose state and param groups this one shares: torch's own
+        load_state_dict() would make new ones, and a scheduler built on the wrapped optimizer would stop
+        setting this one's rate."""
+        inner = self.__dict__.get("_inner")
+        if inner is None:  # during construction
+            return super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
+        inner.load_state_dict(state_dict)
+        self.param_groups = inner.param_groups
+        self.state = inner.state
+
+    def remove_hooks(self) -> None:
+        """Stop reducing gradients: the autograd hooks go, and from here the wrapped optimizer (the same state and
+        param groups) steps alone. For a synchronous start followed by DiLoCo over the same inner optimizer
+        (post-local SGD; docs/diloco.md). Call it between steps, on every worker at the same step."""
+        if self._submitted:
+            raise RuntimeError("remove_hooks() was called after backward() and before step(): call step() first")
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
     def reset(self) -> None:
         """Forget the step in progress (elastic training, after WorkersChanged): the reductions it started
         were dropped, so nothing of it is waited for; the next backward starts a fresh step."""
@@ -354,7 +375,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, strategy,
                   model, strategy_options, sum_op=op == collectives.Sum,
                   predivide=float(gradient_predivide_factor), sparse_as_dense=sparse_as_dense)
-    wrapped.load_state_dict(optimizer.state_dict())
+    # the state and the param groups are the wrapped optimizer's own objects, not copies: a learning-rate
+    # scheduler built on it, or a checkpoint saved from it, sees what this one does (Horovod's wrapper shares
+    # the groups the same way); load_state_dict() keeps them shared
+    wrapped._inner = optimizer
+    wrapped.state = optimizer.state
     if ops.config().autotune:  # PUSHPULL_AUTOTUNE=1: the tuner attaches itself to step()
         from pushpull.torch.autotune import AutoTuner
 

@@ -48,6 +48,13 @@ def test_diloco_matches_the_reference(case, workers):
     _assert_case(case, workers)
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_synchronous_start_then_diloco_matches_the_reference(workers):
+    """DistributedOptimizer for two steps, its remove_hooks(), then DiLoCo over the same inner optimizer
+    (post-local SGD; tests/scripts/diloco_worker.py after_synchronous_start)."""
+    _assert_case("after_sync", workers)
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_ranks_that_disagree_on_the_outer_settings_all_fail_naming_them(workers):
     _assert_case("disagree", workers)

@@ -26,15 +26,20 @@ FRAGMENTS_OF_THE_MODEL = {1: [[0, 1, 2, 3]], 2: [[0], [1, 2, 3]]}  # by size: we
 
 
 def reference(n: int, outer: dict, fragments: int = 1, overlap: int = 0, mix: float = 0.5, alive=None,
-              total: int = ROUNDS * H, came_in: tuple | None = None):
+              total: int = ROUNDS * H, came_in: tuple | None = None, start: list | None = None):
     """Every rank's parameters after ``total`` inner steps and a final sync, and the outer rounds taken,
     computed here alone: all ranks' inner steps replayed, torch.optim.SGD as each fragment's outer optimizer.
     ``alive(step)``: the ranks whose pushes a round at that step averages (default: all). ``came_in=(rank,
     step)``: that rank came into the job after that step's inner steps: it holds the global parameters it has
-    received, and takes (not mixes) the answers of the rounds started until then."""
+    received, and takes (not mixes) the answers of the rounds started until then. ``start``: the parameters
+    DiLoCo starts from (default: rank 0's initial ones)."""
     alive = alive or (lambda s: list(range(n)))
     frags = FRAGMENTS_OF_THE_MODEL[fragments]
     glob = list(model(0).parameters())  # rank 0's start, which the broadcast gives everyone
+    if start is not None:
+        with torch.no_grad():
+            for g, v in zip(glob, start):
+                g.copy_(v)
     outer_opts = [torch.optim.SGD([glob[i] for i in fr], lr=outer["outer_lr"], momentum=outer["outer_momentum"],
                                   nesterov=outer["nesterov"]) for fr in frags]
     locals_ = []
@@ -276,6 +281,7 @@ def main() -> None:
             run(outer, name, **streaming)
         except Exception as e:  # noqa: BLE001 - reported as the case's failure
             print(f"CASE {name} FAIL rank {bps.rank()}: {type(e).__name__}: {e}", flush=True)
+    after_synchronous_start()
     if bps.size() > 1:
         disagree()
         compressed()
@@ -297,6 +303,46 @@ def disagree() -> None:
         print(f"CASE disagree FAIL rank {rank}: no error", flush=True)
 
 
+
+
+SYNC_STEPS = 2
+
+
+def after_synchronous_start() -> None:
+    """A synchronous start, then DiLoCo (post-local SGD): SYNC_STEPS steps of DistributedOptimizer, its
+    remove_hooks(), and DiLoCo over the same inner optimizer: every rank ends with the parameters of a reference
+    that replays the synchronous steps (the ranks' mean gradient) and then DiLoCo's rounds from there. Without
+    remove_hooks() the hooks would go on reducing every gradient (here the second inner backward fails)."""
+    rank, n = bps.rank(), bps.size()
+    m = model(rank)
+    inner = torch.optim.SGD(m.parameters(), lr=LR)
+    bps.broadcast_parameters(m.state_dict(), root_rank=0)
+    sync = bps.DistributedOptimizer(inner, named_parameters=[(f"warm.{k}", v) for k, v in m.named_parameters()])
+    for s in range(SYNC_STEPS):
+        x, y = batch(rank, 100 + s)  # batches of their own: DiLoCo's steps below use batch(rank, 0...)
+        sync.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        sync.step()
+    sync.remove_hooks()
+    opt = bps.DiLoCo(inner, m.named_parameters(), sync_every=H, name="after_sync", **DILOCO)
+    train(m, opt, rank)
+    ref = model(0)
+    for s in range(SYNC_STEPS):
+        grads = [torch.zeros_like(p) for p in ref.parameters()]
+        for k in range(n):
+            ref.zero_grad()
+            x, y = batch(k, 100 + s)
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+            for g, p in zip(grads, ref.parameters()):
+                g += p.grad / n
+        with torch.no_grad():
+            for g, p in zip(grads, ref.parameters()):
+                p -= LR * g
+    want, rounds = reference(n, DILOCO, start=[p.detach() for p in ref.parameters()])
+    worst = max(float((a - b).abs().max()) for a, b in zip(m.parameters(), want[rank]))
+    ok = worst < 1e-5 and opt.rounds == rounds
+    print(f"CASE after_sync {'ok' if ok else 'FAIL'} rank {rank}: {worst:.1e} from the reference, {opt.rounds} "
+          f"rounds ({rounds} due)", flush=True)
 
 
 def compressed() -> None:
