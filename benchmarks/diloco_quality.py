@@ -15,7 +15,8 @@ training text (the same tokens per method):
 * **streamingH**: the same with 4 fragments, exchanges overlapping 5 inner steps, int8 pseudo-gradients;
   **streamingHint4**: with 4-bit ones (a scale per 64 elements);
 * ``@LR`` after any method (``sync@0.003``): its own AdamW learning rate instead of ``--lr``; or settings by
-  name (``diloco100@lr=0.003/olr=1/mom=0``): AdamW's rate, the outer SGD's rate and Nesterov momentum;
+  name (``diloco100@lr=0.003/olr=1/mom=0/sync=150``): AdamW's rate, the outer SGD's rate and Nesterov momentum,
+  and synchronous steps (DistributedOptimizer) before DiLoCo starts over the same AdamW (post-local SGD);
 * churn, a suffix on a DiLoCo method: **-lose** (``diloco100-lose``): the last rank SIGKILLs itself at step
   ``--kill-at`` and the job goes on without it (``--min-workers N-1``); **-replace**: the same, and the
   launcher starts it again (``--restart-workers 1``): the replacement comes into the running job where the
@@ -270,7 +271,9 @@ def main(argv=None) -> int:
     p.add_argument("--servers", type=int, default=1, help="servers of every job (a -serverloss one has 2)")
     p.add_argument("--steps", type=int, default=600, help="inner steps per worker (the same for every method)")
     p.add_argument("--batch", type=int, default=8, help="windows of 128 bytes per worker per step")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW's (the inner optimizer's for DiLoCo)")
+    p.add_argument("--lr", type=float, default=3e-4,
+                   help="AdamW's (the inner optimizer's for DiLoCo); 3e-4 was the best of 1e-4, 3e-4 and 3e-3 for "
+                        "the synchronous run, and of 1e-4, 3e-4, 1e-3 and 3e-3 for DiLoCo at 10.8 M parameters")
     p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
                    help="AdamW's rate after its warm-up: constant, or a cosine down to 10 %% at the last step")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32",
