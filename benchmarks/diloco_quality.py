@@ -167,8 +167,9 @@ def worker(args) -> None:
     method = args.method
     is_sync = _base(method) == "sync"
     sync_start = _sync_start(method)
-    if sync_start and _churn(method):
-        raise SystemExit(f"{method}: a synchronous start (sync=) is not combined with churn here")
+    if sync_start and (_churn(method) or is_sync or not 0 < sync_start < args.steps):
+        raise SystemExit(f"{method}: a synchronous start (sync=N) needs a DiLoCo method without churn and "
+                         f"0 < N < --steps ({args.steps})")
     seeds = {"s": 0.0, "calls": 0}
     table = bps.engine().table
 

@@ -178,23 +178,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         """Loads into the wrapped optimizer, whose state and param groups this one shares: torch's own
         load_state_dict() would make new ones, and a scheduler built on the wrapped optimizer would stop
-        setting this one's rate."""
+        setting this one's rate. Load hooks registered on this one run around it."""
         inner = self.__dict__.get("_inner")
-        if inner is None:  # during construction
+        if inner is None:  # a copy (copy.deepcopy) shares nothing: torch's own load
             return super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
         inner.load_state_dict(state_dict)
         self.param_groups = inner.param_groups
         self.state = inner.state
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def add_param_group(self, param_group) -> None:
+        if "_inner" in self.__dict__:  # after construction: the new parameters would have no name and no hook
+            raise NotImplementedError(
+                "add_param_group() on a DistributedOptimizer: its gradients would not be reduced; add the group "
+                "to your optimizer before wrapping it")
+        return super(self.__class__, self).add_param_group(param_group)  # type: ignore[misc]
 
     def remove_hooks(self) -> None:
         """Stop reducing gradients: the autograd hooks go, and from here the wrapped optimizer (the same state and
         param groups) steps alone. For a synchronous start followed by DiLoCo over the same inner optimizer
         (post-local SGD; docs/diloco.md). Call it between steps, on every worker at the same step."""
-        if self._submitted:
+        if self._submitted or self._passes:
             raise RuntimeError("remove_hooks() was called after backward() and before step(): call step() first")
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._detached = True  # step() no longer synchronizes
 
     def reset(self) -> None:
         """Forget the step in progress (elastic training, after WorkersChanged): the reductions it started
@@ -216,6 +228,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self.__dict__.get("_detached"):  # after remove_hooks(): the wrapped optimizer's step alone
+            return super(self.__class__, self).step(closure)  # type: ignore[misc]
         if self._should_synchronize:
             if self._synchronized:
                 log.debug("step(): gradients already synchronized")
@@ -378,8 +392,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     # the state and the param groups are the wrapped optimizer's own objects, not copies: a learning-rate
     # scheduler built on it, or a checkpoint saved from it, sees what this one does (Horovod's wrapper shares
     # the groups the same way); load_state_dict() keeps them shared
-    wrapped._inner = optimizer
+    wrapped.param_groups = optimizer.param_groups
+    wrapped.defaults = optimizer.defaults
     wrapped.state = optimizer.state
+    wrapped._inner = optimizer
     if ops.config().autotune:  # PUSHPULL_AUTOTUNE=1: the tuner attaches itself to step()
         from pushpull.torch.autotune import AutoTuner
 

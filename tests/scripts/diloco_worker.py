@@ -281,7 +281,10 @@ def main() -> None:
             run(outer, name, **streaming)
         except Exception as e:  # noqa: BLE001 - reported as the case's failure
             print(f"CASE {name} FAIL rank {bps.rank()}: {type(e).__name__}: {e}", flush=True)
-    after_synchronous_start()
+    try:
+        after_synchronous_start()
+    except Exception as e:  # noqa: BLE001 - reported as the case's failure
+        print(f"CASE after_sync FAIL rank {bps.rank()}: {type(e).__name__}: {e}", flush=True)
     if bps.size() > 1:
         disagree()
         compressed()
@@ -316,6 +319,10 @@ def after_synchronous_start() -> None:
     rank, n = bps.rank(), bps.size()
     m = model(rank)
     inner = torch.optim.SGD(m.parameters(), lr=LR)
+    # built on the inner optimizer before wrapping: the second synchronous step runs at half the rate (a wrapper
+    # that copied the param groups would keep the first rate), DiLoCo's at LR again
+    rate = [1.0, 0.5] + [1.0] * (ROUNDS * H + 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: rate[s])
     bps.broadcast_parameters(m.state_dict(), root_rank=0)
     sync = bps.DistributedOptimizer(inner, named_parameters=[(f"warm.{k}", v) for k, v in m.named_parameters()])
     for s in range(SYNC_STEPS):
@@ -323,6 +330,7 @@ def after_synchronous_start() -> None:
         sync.zero_grad()
         torch.nn.functional.mse_loss(m(x), y).backward()
         sync.step()
+        sched.step()
     sync.remove_hooks()
     opt = bps.DiLoCo(inner, m.named_parameters(), sync_every=H, name="after_sync", **DILOCO)
     train(m, opt, rank)
@@ -337,7 +345,7 @@ def after_synchronous_start() -> None:
                 g += p.grad / n
         with torch.no_grad():
             for g, p in zip(grads, ref.parameters()):
-                p -= LR * g
+                p -= LR * rate[s] * g
     want, rounds = reference(n, DILOCO, start=[p.detach() for p in ref.parameters()])
     worst = max(float((a - b).abs().max()) for a, b in zip(m.parameters(), want[rank]))
     ok = worst < 1e-5 and opt.rounds == rounds

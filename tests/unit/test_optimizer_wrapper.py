@@ -66,3 +66,16 @@ def test_a_checkpoint_loaded_into_the_distributed_optimizer_keeps_the_scheduler_
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 2)
     assert all(int(s["step"]) == 2 for s in inner.state_dict()["state"].values())
 
+
+
+def test_a_group_added_after_wrapping_is_refused_naming_the_fix(bps):
+    model, inner, opt = _wrapped(bps)
+    extra = torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(NotImplementedError, match="before wrapping"):
+        opt.add_param_group({"params": [extra]})
+
+
+def test_diloco_refuses_a_distributed_optimizer_as_its_inner_one(bps):
+    model, inner, opt = _wrapped(bps)
+    with pytest.raises(ValueError, match="not a DistributedOptimizer"):
+        bps.DiLoCo(opt, model.named_parameters(), sync_every=2)
