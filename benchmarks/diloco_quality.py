@@ -347,7 +347,8 @@ def report(args, results: list[dict]) -> str:
     churned = bool(kinds)
     cmd = (f"`flock /tmp/pushpull-cpu.lock python benchmarks/diloco_quality.py --workers {args.workers} "
            f"--steps {args.steps} --batch {args.batch} --lr {args.lr:g} --schedule {args.schedule} "
-           f"--precision {args.precision} --outer-lr {args.outer_lr:g} --outer-momentum {args.outer_momentum:g} --n-embd {args.n_embd} --n-layer "
+           f"--precision {args.precision} --outer-lr {args.outer_lr:g} --outer-momentum {args.outer_momentum:g} "
+           f"--n-embd {args.n_embd} --n-layer "
            f"{args.n_layer} --n-head {args.n_head} --methods {args.methods}"
            + (f" --kill-at {args.kill_at}" if churned else "") + "`")
     lines = ["# DiLoCo against synchronous training: held-out loss of a small GPT-2 on the standard library", "",
@@ -356,7 +357,8 @@ def report(args, results: list[dict]) -> str:
              f"({r0['tokens'] / 1e6:.2f} M tokens per method), AdamW (lr {args.lr:g}, warm-up 5 %, then "
              + ("constant" if args.schedule == "constant" else "a cosine down to 10 %")
              + f"; {'bf16 autocast' if args.precision == 'bf16' else 'fp32'}); DiLoCo's outer SGD lr "
-             f"{args.outer_lr:g}, Nesterov {args.outer_momentum:g}; streaming: 4 fragments, overlap 5 steps, int8 pseudo-gradients (a scale per "
+             f"{args.outer_lr:g}, Nesterov {args.outer_momentum:g}; streaming: 4 fragments, overlap 5 steps, int8 "
+             f"pseudo-gradients (a scale per "
              f"256) or int4 (a scale per 64). Held-out "
              f"loss in nats per byte over {args.eval_windows} fixed windows of the held-out files."
              + (f" Churn: in a method marked *lose* the last rank SIGKILLs itself at step {args.kill_at} and the job "
