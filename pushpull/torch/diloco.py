@@ -43,6 +43,7 @@ from pushpull.outer import DEFAULTS, OuterSGD, fragments as _fragments, settings
 from pushpull.outer import round_deadline as round_deadline_of
 from pushpull.torch import functions, ops
 from pushpull.torch.functions import broadcast_parameters
+from pushpull.torch.optimizer import reduces_gradients
 from pushpull.transport.protocol import OUTER_PRESENT_ONLY
 from pushpull.worker.engine import KeySpec
 from pushpull.worker.handle import PushPullError, WorkersChanged
@@ -93,9 +94,10 @@ class DiLoCo:
         # the pseudo-gradients' codec on the way to the servers (e.g. Compression.build("int8", block=256));
         # the answer, the global parameters, comes back whole
         self.compression = compression
-        if hasattr(inner, "_strategy"):  # a DistributedOptimizer: its hooks would reduce every inner step too
-            raise ValueError("DiLoCo needs the inner optimizer itself, not a DistributedOptimizer over it: pass the "
-                             "optimizer you wrapped (after the wrapper's remove_hooks(), for a synchronous start)")
+        if reduces_gradients(inner):  # its hooks would reduce every inner step too
+            raise ValueError("DiLoCo needs the inner optimizer itself, not a DistributedOptimizer (or "
+                             "ScheduledOptimizer) over it: pass the optimizer you wrapped (after the wrapper's "
+                             "remove_hooks(), for a synchronous start)")
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
         mine = {id(p) for g in inner.param_groups for p in g["params"]}
         self.params = [(n, p) for n, p in named if id(p) in mine]

@@ -276,6 +276,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
 
+def reduces_gradients(optimizer) -> bool:
+    """A DistributedOptimizer or ScheduledOptimizer: it reduces the gradients itself, so it cannot be wrapped again
+    (nor be DiLoCo's inner optimizer)."""
+    return hasattr(optimizer, "_strategy") or hasattr(optimizer, "_pp")
+
+
 _HOROVOD_OPTIONS = {"op", "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense", "process_set"}
 
 

@@ -226,7 +226,9 @@ def ScheduledOptimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"ScheduledOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if hasattr(optimizer, "_strategy") or hasattr(optimizer, "_pp"):
+    from pushpull.torch.optimizer import reduces_gradients
+
+    if reduces_gradients(optimizer):
         raise TypeError("ScheduledOptimizer wraps the plain optimizer (torch.optim.X), not a "
                         "DistributedOptimizer or another ScheduledOptimizer: it reduces gradients itself")
     if isinstance(compression, str):

@@ -32,7 +32,6 @@ from pushpull.worker.direct import LIVENESS_S
 from pushpull.worker.handle import PushPullError, WorkersChanged
 
 
-
 def holds(key: int, rank: int, size: int) -> bool:
     """Whether ``rank`` keeps the copy of partition ``key``'s server state: rank (tensor + partition) mod size. Why
     from the key alone: every worker decides the same without agreeing on a list, and a tensor's partitions spread
