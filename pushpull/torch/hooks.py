@@ -41,4 +41,9 @@ def step_done(opt) -> None:
     if _trace.TRACER is not None:
         _trace.TRACER.end_step()
     metrics.step_done()
+    inner = opt.__dict__.get("_inner")
+    if inner is not None:
+        # the wrapped optimizer stepped, through its wrapper: a learning-rate scheduler built on it (before
+        # wrapping, the usual order) checks this flag and would otherwise warn that it was stepped first
+        inner._opt_called = True
     run_step_callbacks(opt)

@@ -179,16 +179,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Loads into the wrapped optimizer, whose state and param groups this one shares: torch's own
         load_state_dict() would make new ones, and a scheduler built on the wrapped optimizer would stop
         setting this one's rate. Load hooks registered on this one run around it."""
-        inner = self.__dict__.get("_inner")
-        if inner is None:  # a copy (copy.deepcopy) shares nothing: torch's own load
+        if "_inner" not in self.__dict__:  # a copy (copy.deepcopy) shares nothing: torch's own load
             return super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            state_dict = hook(self, state_dict) or state_dict
-        inner.load_state_dict(state_dict)
-        self.param_groups = inner.param_groups
-        self.state = inner.state
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+        load_into_wrapped(self, state_dict)
 
     def add_param_group(self, param_group) -> None:
         if "_inner" in self.__dict__:  # after construction: the new parameters would have no name and no hook
@@ -274,6 +267,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"zero_grad() was called after backward() and before step(): the gradients being reduced "
                 f"({', '.join(names)}, ...) would be lost. Call step() or synchronize() first.")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def share_wrapped(wrapper, optimizer) -> None:
+    """Make ``wrapper`` use ``optimizer``'s own state, param-group list and defaults, not copies: a learning-rate
+    scheduler built on the optimizer before wrapping, or a checkpoint saved from it, sees what the wrapper does
+    (Horovod's wrapper shares the groups the same way). ``load_into_wrapped`` keeps them shared."""
+    wrapper.param_groups = optimizer.param_groups
+    wrapper.defaults = optimizer.defaults
+    wrapper.state = optimizer.state
+    wrapper._inner = optimizer
+
+
+def load_into_wrapped(wrapper, state_dict) -> None:
+    """A wrapper's load_state_dict(): into the wrapped optimizer, sharing its new state and groups again (torch's
+    own load would give the wrapper new ones, and a scheduler built on the wrapped optimizer would stop setting
+    the wrapper's rate); the load hooks registered on the wrapper run around it."""
+    for hook in wrapper._optimizer_load_state_dict_pre_hooks.values():
+        state_dict = hook(wrapper, state_dict) or state_dict
+    inner = wrapper._inner
+    inner.load_state_dict(state_dict)
+    wrapper.param_groups = inner.param_groups
+    wrapper.state = inner.state
+    for hook in wrapper._optimizer_load_state_dict_post_hooks.values():
+        hook(wrapper)
 
 
 def reduces_gradients(optimizer) -> bool:
@@ -395,13 +412,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, strategy,
                   model, strategy_options, sum_op=op == collectives.Sum,
                   predivide=float(gradient_predivide_factor), sparse_as_dense=sparse_as_dense)
-    # the state and the param groups are the wrapped optimizer's own objects, not copies: a learning-rate
-    # scheduler built on it, or a checkpoint saved from it, sees what this one does (Horovod's wrapper shares
-    # the groups the same way); load_state_dict() keeps them shared
-    wrapped.param_groups = optimizer.param_groups
-    wrapped.defaults = optimizer.defaults
-    wrapped.state = optimizer.state
-    wrapped._inner = optimizer
+    share_wrapped(wrapped, optimizer)
     if ops.config().autotune:  # PUSHPULL_AUTOTUNE=1: the tuner attaches itself to step()
         from pushpull.torch.autotune import AutoTuner
 

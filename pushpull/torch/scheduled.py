@@ -36,6 +36,7 @@ from pushpull.torch import ops
 from pushpull.torch.compression import Compression
 from pushpull.torch.executors import make_strategy
 from pushpull.torch.hooks import register_step_callback, step_done
+from pushpull.torch.optimizer import check_strategy_options, load_into_wrapped, reduces_gradients, share_wrapped
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,24 @@ class _ScheduledOptimizer(torch.optim.Optimizer):
         self.synchronize()
         return super(self.__class__, self).state_dict()  # type: ignore[misc]
 
+    def load_state_dict(self, state_dict) -> None:
+        """Loads into the wrapped optimizer, whose state and param groups this one shares, and points every
+        parameter's own optimizer at the loaded state (torch's own load would leave them stepping the old one
+        while state_dict() showed the new)."""
+        if "_inner" not in self.__dict__:  # a copy (copy.deepcopy) shares nothing: torch's own load
+            return super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
+        self.synchronize()  # an update still in flight belongs to the state being replaced
+        load_into_wrapped(self, state_dict)
+        for o in self._pp.per_param.values():
+            o.state = self.state
+
+    def add_param_group(self, param_group) -> None:
+        if "_inner" in self.__dict__:  # after construction: the new parameters would have no optimizer or hook
+            raise NotImplementedError(
+                "add_param_group() on a ScheduledOptimizer: its parameters would never be updated; add the group "
+                "to your optimizer before wrapping it")
+        return super(self.__class__, self).add_param_group(param_group)  # type: ignore[misc]
+
     def remove_hooks(self) -> None:
         """Detach from the model (e.g. before wrapping it again)."""
         self.synchronize()
@@ -222,27 +241,24 @@ def ScheduledOptimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     PUSHPULL_STRATEGY) over PUSHPULL_BACKEND, priorities from the forward order.
 
     Returns an instance of a subclass of the optimizer's class that shares its
-    ``param_groups`` and ``state``: pass it to learning-rate schedulers.
+    ``param_groups``, ``state`` and ``defaults`` (also after ``load_state_dict()``): a
+    learning-rate scheduler may be built on either.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"ScheduledOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    from pushpull.torch.optimizer import reduces_gradients
-
     if reduces_gradients(optimizer):
         raise TypeError("ScheduledOptimizer wraps the plain optimizer (torch.optim.X), not a "
                         "DistributedOptimizer or another ScheduledOptimizer: it reduces gradients itself")
     if isinstance(compression, str):
         compression = Compression.build(compression)
     if strategy is None or isinstance(strategy, str):
-        from pushpull.torch.optimizer import check_strategy_options
-
         check_strategy_options("ScheduledOptimizer", strategy or ops.config().strategy, strategy_options,
                                {"model", "optimizer", "named_parameters", "strategy", "compression"})
     base = optimizer
     cls = type(base.__class__.__name__, (base.__class__,), dict(_ScheduledOptimizer.__dict__))
     opt = cls.__new__(cls)
     torch.optim.Optimizer.__init__(opt, base.param_groups, base.defaults)
-    opt.state = base.state
+    share_wrapped(opt, base)
     opt._pp = _Layerwise(opt, model, base, named_parameters, strategy, compression, strategy_options)
     opt._pp_install(model)
     return opt
