@@ -30,7 +30,10 @@ cosine``: decays to 10 % at the last step). ``--precision bf16`` runs the forwar
 with AVX-512 BF16. The held-out loss
 (mean cross entropy in nats per byte over fixed windows of the held-out files) is taken at the end from
 the global parameters (DiLoCo's ``sync()`` first). The results page prints the synchronous run beside every
-other one and each one's difference from it.
+other one and each one's difference from it. ``--eval-every N`` also takes it every N steps where rank 0 holds
+the global parameters (every synchronous step; plain DiLoCo at the end of an outer round, so N a multiple of H),
+and the page gains the curves, each point beside the synchronous run's at the same step (with a constant rate,
+each is itself a comparison at equal tokens), and what each method's result is worth in synchronous steps.
 """
 from __future__ import annotations
 
