@@ -229,6 +229,8 @@ def worker(args) -> None:
         """The job's step (a newcomer starts at the job's step, which DiLoCo tells it)."""
         return sync_start + opt.steps if isinstance(opt, bps.DiLoCo) else len(losses)
 
+    if rank == 0 and args.eval_every and step_now() == 0:
+        curve.append((0, held_out()))  # the start: every curve's first point, so every loss has a step to map to
     while step_now() < args.steps:
         step = step_now()
         if sync_start and step == sync_start and not isinstance(opt, bps.DiLoCo):
@@ -449,13 +451,14 @@ def report(args, results: list[dict]) -> str:
 
 def sync_steps_to(sync_curve: list, loss: float) -> float | None:
     """The synchronous step at which the synchronous run's held-out loss came down to ``loss`` (linear between
-    the points taken; None where it never did), i.e. how many synchronous steps another method's result is
-    worth."""
-    prev = (0, float("inf"))
+    the points taken, the first of which is the start; None where it never did, or where the first point is
+    already below ``loss``, as then the step is unknown), i.e. how many synchronous steps another method's
+    result is worth."""
+    prev = None
     for step, value in sync_curve:
         if value <= loss:
-            if prev[1] == float("inf"):
-                return float(step)
+            if prev is None:
+                return float(step) if step == 0 else None
             return prev[0] + (step - prev[0]) * (prev[1] - loss) / (prev[1] - value)
         prev = (step, value)
     return None
@@ -494,7 +497,7 @@ def curves(results: list[dict], sync: dict | None) -> list[str]:
                 continue
             worth = sync_steps_to(sorted(map(tuple, sync["held_out_curve"])), r["held_out_loss"])
             lines.append(f"| {r['method']} | {r['held_out_loss']:.4f} | "
-                         + ("not reached |  |" if worth is None else
+                         + ("not between the points taken |  |" if worth is None else
                             f"{worth:.0f} | {100 * worth / r['steps']:.0f} % |"))
     return lines
 

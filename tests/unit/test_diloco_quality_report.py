@@ -1,0 +1,40 @@
+"""The DiLoCo quality benchmark's reading of its curves: what another method's held-out loss is worth in
+synchronous steps, and the table that sets every point beside the synchronous run's at the same step."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "diloco_quality.py"
+_spec = importlib.util.spec_from_file_location("diloco_quality", _PATH)
+dq = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dq)
+
+SYNC = [(0, 5.5), (100, 3.0), (200, 2.0)]
+
+
+def test_a_loss_between_two_points_is_worth_the_step_interpolated_between_them():
+    assert dq.sync_steps_to(SYNC, 2.5) == pytest.approx(150.0)
+
+
+def test_a_loss_no_lower_than_the_start_is_worth_no_steps():
+    assert dq.sync_steps_to(SYNC, 6.0) == 0.0
+
+
+def test_a_loss_the_synchronous_run_never_reached_is_worth_none():
+    assert dq.sync_steps_to(SYNC, 1.0) is None
+
+
+def test_a_curve_without_its_start_cannot_place_a_loss_above_its_first_point():
+    assert dq.sync_steps_to(SYNC[1:], 3.5) is None
+
+
+def test_the_curve_table_gives_each_point_beside_the_synchronous_one_at_the_same_step():
+    sync = {"method": "sync", "held_out_curve": SYNC, "held_out_loss": 2.0, "steps": 200}
+    other = {"method": "diloco100", "held_out_curve": [(0, 5.5), (200, 2.2)], "held_out_loss": 2.2, "steps": 200}
+    lines = dq.curves([sync, other], sync)
+    assert "| 200 | 2.0000 | 2.2000 (+10.0 %) |" in lines
+    assert "| 100 | 3.0000 |  |" in lines
+    assert "| diloco100 | 2.2000 | 180 | 90 % |" in lines
