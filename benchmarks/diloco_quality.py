@@ -448,7 +448,6 @@ def report(args, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-
 def sync_steps_to(sync_curve: list, loss: float) -> float | None:
     """The synchronous step at which the synchronous run's held-out loss came down to ``loss`` (linear between
     the points taken, the first of which is the start; None where it never did, or where the first point is
@@ -470,7 +469,8 @@ def curves(results: list[dict], sync: dict | None) -> list[str]:
     with_curve = [r for r in results if len(r.get("held_out_curve") or []) > 1]
     if not with_curve:
         return []
-    steps = sorted({s for r in with_curve for s, _ in r["held_out_curve"]})
+    points = [dict(map(tuple, r["held_out_curve"])) for r in with_curve]  # step -> loss, per method
+    steps = sorted({s for pts in points for s in pts})
     ref = dict(map(tuple, sync["held_out_curve"])) if sync and sync.get("held_out_curve") else {}
     lines = ["", "Held-out loss along the way (the global parameters, rank 0; DiLoCo's at the end of an outer "
              "round), and each method's difference from the synchronous run at the same step (equal tokens so "
@@ -478,8 +478,8 @@ def curves(results: list[dict], sync: dict | None) -> list[str]:
              "|---:|" + "---:|" * len(with_curve)]
     for step in steps:
         cells = []
-        for r in with_curve:
-            value = dict(map(tuple, r["held_out_curve"])).get(step)
+        for r, pts in zip(with_curve, points):
+            value = pts.get(step)
             if value is None:
                 cells.append("")
             elif r is sync or step not in ref:
@@ -492,10 +492,11 @@ def curves(results: list[dict], sync: dict | None) -> list[str]:
                   "run's held-out loss came down to it, linear between the points above):", "",
                   "| method | held-out loss at the end | synchronous steps to reach it | of its own steps |",
                   "|---|---:|---:|---:|"]
+        sync_curve = sorted(ref.items())
         for r in with_curve:
             if r is sync:
                 continue
-            worth = sync_steps_to(sorted(map(tuple, sync["held_out_curve"])), r["held_out_loss"])
+            worth = sync_steps_to(sync_curve, r["held_out_loss"])
             lines.append(f"| {r['method']} | {r['held_out_loss']:.4f} | "
                          + ("not between the points taken |  |" if worth is None else
                             f"{worth:.0f} | {100 * worth / r['steps']:.0f} % |"))
