@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # CUDA tensors through every path on a machine with a GPU (tests/cluster/test_cuda.py): push_pull of every
-# dtype, the optimizer wrapper, each compressor, Horovod's collectives, the broadcasts, and the all-reduce
-# backend (NCCL, or gloo where ranks share a GPU). Prints the GPU and versions, one line per case, and one
-# summary line last. Without CUDA it says so and exits 0. Uses the machine's own torch (a CUDA build): the
-# CPU wheel scripts/install.sh pins has no CUDA, so nothing is installed here; pyzmq and cryptography must be
-# importable (pip install -e . where the machine can reach an index; scripts/device-check.sh carries wheels).
+# dtype, the optimizer wrapper, each compressor, Horovod's collectives, the broadcasts, DiLoCo (plain and
+# streaming), and the all-reduce backend (NCCL, or gloo where ranks share a GPU). Prints the GPU and
+# versions, one line per case, and one summary line last. Without CUDA it says so and exits 0. Uses the
+# machine's own torch (a CUDA build): the CPU wheel scripts/install.sh pins has no CUDA, so nothing is
+# installed here; pyzmq and cryptography must be importable (pip install -e . where the machine can reach an
+# index; scripts/device-check.sh carries wheels).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -1,7 +1,7 @@
 """CUDA tensors through every path, under the real launcher (tests/scripts/cuda_worker.py): the PS's push_pull,
-the optimizer wrapper, each compressor, Horovod's collectives, the broadcasts, and the all-reduce backend
-(torch.distributed with NCCL for CUDA tensors). Skipped where CUDA is not available (CI); scripts/gpu-check.sh
-runs it on a GPU machine. ``PUSHPULL_TEST_DEVICE=cpu`` runs the same cases on the CPU, so the checks are
+the optimizer wrapper, each compressor, Horovod's collectives, the broadcasts, DiLoCo (plain, and streaming with
+int8), and the all-reduce backend (torch.distributed with NCCL for CUDA tensors). Skipped where CUDA is not
+available (CI); scripts/gpu-check.sh runs it on a GPU machine. ``PUSHPULL_TEST_DEVICE=cpu`` runs the same cases on the CPU, so the checks are
 themselves checked on machines without a GPU.
 """
 from __future__ import annotations
@@ -24,7 +24,9 @@ ENV = {"PUSHPULL_TIMEOUT": "60", "OMP_NUM_THREADS": "1", "PUSHPULL_TEST_DEVICE":
 pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
                                 reason="no CUDA device (scripts/gpu-check.sh runs these on a GPU machine)")
 
-PS_CASES = ["push_pull", "inplace_async", "optimizer", "ddp", "compression", "collectives", "broadcast_state"]
+# DiLoCo and streaming DiLoCo: the outer rounds on the servers, pseudo-gradients from CUDA parameters
+PS_CASES = ["push_pull", "inplace_async", "optimizer", "ddp", "compression", "collectives", "broadcast_state",
+            "diloco", "streaming"]
 # the all-reduce backend reduces through torch.distributed (NCCL for CUDA tensors): the paths that reduce
 ALLREDUCE_CASES = ["push_pull", "inplace_async", "optimizer"]
 # the local reduce: the two workers of this host sum through shared memory first (PUSHPULL_LOCAL_REDUCE=1)

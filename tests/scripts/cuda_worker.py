@@ -1,5 +1,5 @@
 """Worker program for the CUDA checks (tests/cluster/test_cuda.py, scripts/gpu-check.sh): CUDA tensors through
-every path a GPU user takes, under the real launcher. It runs only where CUDA is available; the test skips
+every path a GPU user takes (DiLoCo's too), under the real launcher. It runs only where CUDA is available; the test skips
 elsewhere.
 
 Every expected value is rebuilt locally from (rank, step), as in api_worker.py. A result must come back on the
@@ -230,8 +230,83 @@ def case_broadcast_state() -> None:
                 fail(f"broadcast_optimizer_state: {k} on {v.device}")
 
 
+def local_steps(q: int, start: dict, first: int, steps: int) -> nn.Module:
+    """Rank q's model after ``steps`` inner SGD steps (lr 0.1) from ``start``, on its batches from step
+    ``first`` on: any rank can rebuild every rank's inner phase."""
+    m = make_model(5)
+    m.load_state_dict(start)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for s in range(first, first + steps):
+        opt.zero_grad()
+        x, y = batch(q, s)
+        nn.CrossEntropyLoss()(m(x), y).backward()
+        opt.step()
+    return m
+
+
+def case_diloco() -> None:
+    """DiLoCo on a CUDA model (2 rounds of H = 2, outer SGD lr 0.7, Nesterov 0.9): the parameters stay on the
+    GPU and equal the outer optimizer (pushpull.outer, on the CPU) applied to the mean of every rank's
+    pseudo-gradient, each rank's inner phase rebuilt here."""
+    from pushpull.outer import OuterSGD
+
+    r, n, h = bps.rank(), bps.size(), 2
+    model = make_model(5)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = bps.DiLoCo(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), sync_every=h,
+                     outer_lr=0.7, outer_momentum=0.9, nesterov=True, name="cuda.diloco")
+    outer = {k: OuterSGD(0.7, 0.9, True) for k in start}
+    for k, v in start.items():
+        outer[k].apply(v.cpu().numpy() * n, n)  # the start: every rank's (equal) parameters
+    for rnd in range(2):
+        for s in range(rnd * h, (rnd + 1) * h):
+            opt.zero_grad()
+            x, y = batch(r, s)
+            nn.CrossEntropyLoss()(model(x), y).backward()
+            opt.step()
+        locals_ = [local_steps(q, start, rnd * h, h).state_dict() for q in range(n)]
+        for k in start:
+            total = sum(start[k].cpu().numpy() - loc[k].cpu().numpy() for loc in locals_)
+            start[k] = torch.from_numpy(outer[k].apply(total, n).copy()).to(DEV)
+    if opt.rounds != 3:
+        fail(f"DiLoCo: {opt.rounds} outer rounds after 4 steps at H = 2 (the start and 2)")
+    for name, p in model.named_parameters():
+        check_on_device(f"DiLoCo parameter {name}", p.data, start[name])
+        if not torch.allclose(p, start[name], rtol=1e-4, atol=1e-5):
+            fail(f"DiLoCo: parameter {name} off the outer step by {(p - start[name]).abs().max().item():.3g}")
+
+
+def case_streaming() -> None:
+    """Streaming DiLoCo on a CUDA model (2 fragments, exchanges overlapping 1 inner step, int8
+    pseudo-gradients): every parameter stays on the GPU, finite and moving, and after sync() every rank holds
+    the same global parameters."""
+    r = bps.rank()
+    model = make_model(6)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = bps.DiLoCo(torch.optim.AdamW(model.parameters(), lr=1e-3), model.named_parameters(), sync_every=4,
+                     fragments=2, overlap=1, compression=bps.Compression.build("int8", block=256),
+                     name="cuda.streaming")
+    for s in range(9):
+        opt.zero_grad()
+        x, y = batch(r, s)
+        nn.CrossEntropyLoss()(model(x), y).backward()
+        opt.step()
+    opt.sync()
+    for (name, p), b in zip(model.named_parameters(), before):
+        check_on_device(f"streaming DiLoCo parameter {name}", p.data, b)
+        if not torch.isfinite(p).all():
+            fail(f"streaming DiLoCo: parameter {name} not finite")
+    if sum((p - b).abs().sum().item() for p, b in zip(model.parameters(), before)) == 0.0:
+        fail("streaming DiLoCo: no parameter moved in 9 steps")
+    sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    everyone = bps.allgather(sums.unsqueeze(0), name="cuda.streaming.sums")
+    if not torch.equal(everyone.min(0).values, everyone.max(0).values):
+        fail("streaming DiLoCo: ranks hold different parameters after sync()")
+
+
 CASES = {"push_pull": case_push_pull, "inplace_async": case_inplace_async, "optimizer": case_optimizer,
-         "ddp": case_ddp, "compression": case_compression, "collectives": case_collectives, "broadcast_state": case_broadcast_state}
+         "ddp": case_ddp, "compression": case_compression, "collectives": case_collectives, "broadcast_state": case_broadcast_state,
+         "diloco": case_diloco, "streaming": case_streaming}
 
 
 def main() -> None:
