@@ -7,8 +7,8 @@
 The text every machine has without a download: the Python standard library's own source files, byte level
 (vocabulary 256), every 20th file (sorted by path) held out. The model: a GPT-2 built from a `transformers`
 config (no download), context 128. Every method runs as its own job under ``pushpull launch --workers N
---servers 1`` on this machine, for the same number of steps, each worker on its own random windows of the
-training text (the same tokens per method):
+--servers K`` on this machine (``--device cuda``: the workers train on its GPU, several sharing one), for the
+same number of steps, each worker on its own random windows of the training text (the same tokens per method):
 
 * **sync**: DistributedOptimizer(AdamW): the gradient averaged over the workers every step;
 * **dilocoH**: DiLoCo(AdamW inner, outer SGD lr 0.7 Nesterov 0.9), an outer round every H steps;
@@ -128,6 +128,25 @@ def corpus(limit_bytes: int = 16 << 20) -> tuple[bytes, bytes]:
     return bytes(train), bytes(held)
 
 
+def device_of(name: str, local_rank: int):
+    """The torch device of ``--device``: cpu, or cuda (the local rank's GPU, round robin: 4 workers share one)."""
+    import torch
+
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is false)")
+    return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
+
+
+def windows(text, starts):
+    """The windows of CONTEXT bytes of ``text`` at ``starts`` (drawn on the CPU, so the same on every
+    device), a row each, gathered in one indexing operation."""
+    import torch
+
+    return text[starts.to(text.device)[:, None] + torch.arange(CONTEXT, device=text.device)]
+
+
 def model(args):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
@@ -147,11 +166,12 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     bps.init()
     rank, size = bps.rank(), bps.size()
+    dev = device_of(args.device, bps.local_rank())
     train, held = corpus()
-    train_t = torch.frombuffer(bytearray(train), dtype=torch.uint8).long()
-    held_t = torch.frombuffer(bytearray(held), dtype=torch.uint8).long()
+    train_t = torch.frombuffer(bytearray(train), dtype=torch.uint8).long().to(dev)
+    held_t = torch.frombuffer(bytearray(held), dtype=torch.uint8).long().to(dev)
     torch.manual_seed(0)  # the same initial model on every worker (and rank 0's is broadcast anyway)
-    m = model(args)
+    m = model(args).to(dev)
     params = sum(p.numel() for p in m.parameters())
     inner = torch.optim.AdamW(m.parameters(), lr=_lr(args.method, args.lr), weight_decay=0.01)
     warm = max(1, args.steps // 20)
@@ -165,7 +185,7 @@ def worker(args) -> None:
         done = min(1.0, (s - warm) / max(1, args.steps - warm))
         return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
     sched = torch.optim.lr_scheduler.LambdaLR(inner, rate)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16"
+    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
     method = args.method
     is_sync = _base(method) == "sync"
@@ -219,7 +239,7 @@ def worker(args) -> None:
         with torch.no_grad():
             total = 0.0
             for i in range(0, len(starts), 16):
-                x = torch.stack([held_t[s:s + CONTEXT] for s in starts[i:i + 16]])
+                x = windows(held_t, starts[i:i + 16])
                 with autocast:
                     total += float(m(input_ids=x, labels=x).loss) * len(x)
         m.train()
@@ -246,7 +266,7 @@ def worker(args) -> None:
             killed = kill_a_server(bps.config().root_port)
             print(f"rank 0 SIGKILLed server pid {killed} at step {step} (--kill-at)", flush=True)
         starts = torch.randint(0, len(train_t) - CONTEXT - 1, (args.batch,), generator=gen)
-        x = torch.stack([train_t[s:s + CONTEXT] for s in starts])
+        x = windows(train_t, starts)
         with autocast:
             loss = m(input_ids=x, labels=x).loss
         opt.zero_grad()
@@ -270,6 +290,7 @@ def worker(args) -> None:
     curve.append((args.steps, held_loss))
     if rank == 0:
         print("RESULT " + json.dumps({"method": method, "held_out_loss": held_loss, "params": params,
+                                      "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                                       "workers": size, "steps": args.steps, "wall_s": wall,
                                       "tokens": args.steps * args.batch * CONTEXT * size,
                                       "train_loss_end": sum(losses[-20:]) / len(losses[-20:]),
@@ -304,6 +325,8 @@ def main(argv=None) -> int:
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-head", type=int, default=6)
     p.add_argument("--eval-windows", type=int, default=256)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the workers train: cuda puts each on its local rank's GPU (round robin)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="also take the held-out loss every N steps where the worker holds the global parameters "
                         "(every synchronous step; plain DiLoCo at a multiple of H): the page gains the curves")
@@ -324,7 +347,7 @@ def main(argv=None) -> int:
     for method in args.methods.split(","):
         argv_w = [sys.executable, str(Path(__file__).resolve()), "--worker", "--method", method]
         for k in ("steps", "batch", "lr", "n_embd", "n_layer", "n_head", "eval_windows", "eval_every", "kill_at",
-                  "schedule", "precision", "outer_lr", "outer_momentum"):
+                  "schedule", "precision", "outer_lr", "outer_momentum", "device"):
             argv_w += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
         churn = {"": [], "lose": ["--min-workers", str(args.workers - 1)],
                  "replace": ["--min-workers", str(args.workers - 1), "--restart-workers", "1"],
@@ -351,6 +374,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"{method}: no replacement came into the job")
         print(f"{method}: held-out loss {r['held_out_loss']:.4f} ({r['job_s']:.0f} s)", flush=True)
         results.append(r)
+        if args.out:  # each method's result as it comes: a run stopped by a time limit keeps the ones done
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).with_suffix(".json").write_text(json.dumps({"args": vars(args), "results": results},
+                                                                       indent=1))
     text = report(args, results)
     print(text)
     if args.out:
@@ -368,6 +395,8 @@ def report(args, results: list[dict]) -> str:
     kinds = {_churn(r["method"]) for r in results} - {""}
     churned = bool(kinds)
     cmd = (f"`flock /tmp/pushpull-cpu.lock python benchmarks/diloco_quality.py --workers {args.workers} "
+           + (f"--servers {args.servers} " if args.servers != 1 else "")
+           + (f"--device {args.device} " if getattr(args, "device", "cpu") != "cpu" else "") +
            f"--steps {args.steps} --batch {args.batch} --lr {args.lr:g} --schedule {args.schedule} "
            f"--precision {args.precision} --outer-lr {args.outer_lr:g} --outer-momentum {args.outer_momentum:g} "
            f"--n-embd {args.n_embd} --n-layer "
@@ -376,7 +405,9 @@ def report(args, results: list[dict]) -> str:
            + (f" --kill-at {args.kill_at}" if churned else "") + "`")
     lines = ["# DiLoCo against synchronous training: held-out loss of a small GPT-2 on the standard library", "",
              f"{cmd}: a GPT-2 of {r0['params'] / 1e6:.1f} M parameters (byte level, context {CONTEXT}), "
-             f"{args.workers} workers on this machine, {args.steps} steps of {args.batch} windows each per worker "
+             f"{args.workers} workers on this machine"
+             + (f" ({r0['device']}, shared)" if r0.get("device", "cpu") != "cpu" else "")
+             + f", {args.steps} steps of {args.batch} windows each per worker "
              f"({r0['tokens'] / 1e6:.2f} M tokens per method), AdamW (lr {args.lr:g}, warm-up 5 %, then "
              + ("constant" if args.schedule == "constant" else "a cosine down to 10 %")
              + f"; {'bf16 autocast' if args.precision == 'bf16' else 'fp32'}); DiLoCo's outer SGD lr "
