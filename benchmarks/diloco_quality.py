@@ -111,13 +111,16 @@ def _codec(method: str) -> str:
     return "int4" if _base(method).endswith("int4") else "int8"
 
 
-def corpus(limit_bytes: int = 16 << 20) -> tuple[bytes, bytes]:
-    """(training text, held-out text): the standard library's .py files in path order, every 20th held out."""
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
+def corpus(limit_bytes: int = 16 << 20, root: str | None = None) -> tuple[bytes, bytes]:
+    """(training text, held-out text): the standard library's .py files in path order (its tests left out),
+    every 20th held out. Every 20th of the library's own files: what is installed in site-packages, under the
+    same folder, must not move the split (until 2026-12-07 it did: a package installed between two runs
+    changed which files were held out, so only runs with nothing installed between them compare)."""
+    top = Path(root or sysconfig.get_paths()["stdlib"])
+    files = [f for f in sorted(top.rglob("*.py"))
+             if not {"site-packages", "test", "tests"} & set(f.relative_to(top).parts)]
     train, held = bytearray(), bytearray()
     for i, f in enumerate(files):
-        if "site-packages" in f.parts or "test" in f.parts or "tests" in f.parts:
-            continue
         try:
             data = f.read_bytes()
         except OSError:
@@ -291,6 +294,7 @@ def worker(args) -> None:
     if rank == 0:
         print("RESULT " + json.dumps({"method": method, "held_out_loss": held_loss, "params": params,
                                       "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                                      "text_bytes": [len(train), len(held)],
                                       "workers": size, "steps": args.steps, "wall_s": wall,
                                       "tokens": args.steps * args.batch * CONTEXT * size,
                                       "train_loss_end": sum(losses[-20:]) / len(losses[-20:]),
@@ -414,7 +418,9 @@ def report(args, results: list[dict]) -> str:
              f"{args.outer_lr:g}, Nesterov {args.outer_momentum:g}; streaming: 4 fragments, overlap 5 steps, int8 "
              f"pseudo-gradients (a scale per "
              f"256) or int4 (a scale per 64). Held-out "
-             f"loss in nats per byte over {args.eval_windows} fixed windows of the held-out files."
+             f"loss in nats per byte over {args.eval_windows} fixed windows of the held-out files"
+             + (f" ({r0['text_bytes'][0] / 1e6:.2f} MB of training text, {r0['text_bytes'][1] / 1e3:.0f} kB held out)."
+                if "text_bytes" in r0 else ".")
              + (f" Churn: in a method marked *lose* the last rank SIGKILLs itself at step {args.kill_at} and the job "
                 f"goes on with {args.workers - 1} workers (--min-workers {args.workers - 1}); in one marked "
                 f"*replace* the launcher also starts it again (--restart-workers 1), and the replacement comes into "

@@ -38,3 +38,28 @@ def test_the_curve_table_gives_each_point_beside_the_synchronous_one_at_the_same
     assert "| 200 | 2.0000 | 2.2000 (+10.0 %) |" in lines
     assert "| 100 | 3.0000 |  |" in lines
     assert "| diloco100 | 2.2000 | 180 | 90 % |" in lines
+
+
+
+def _library(top: Path, names: list[str]) -> None:
+    for n in names:
+        (top / n).parent.mkdir(parents=True, exist_ok=True)
+        (top / n).write_text(f"# {n}\n")
+
+
+# a library's own files on both sides of "site-packages" in path order, as the standard library's are
+OWN = [f"m{i:02d}.py" for i in range(20)] + [f"x{i:02d}.py" for i in range(21)]
+
+
+def test_the_held_out_files_are_every_20th_of_the_librarys_own_and_not_its_tests(tmp_path):
+    _library(tmp_path, OWN + ["test/t.py", "pkg/tests/u.py"])
+    train, held = dq.corpus(root=str(tmp_path))
+    assert held == b"# m00.py\n\n# x00.py\n\n# x20.py\n\n"
+    assert b"t.py" not in train + held and b"u.py" not in train + held and train.count(b"# ") == 38
+
+
+def test_what_is_installed_in_site_packages_does_not_move_the_split(tmp_path):
+    _library(tmp_path, OWN)
+    before = dq.corpus(root=str(tmp_path))
+    _library(tmp_path, ["site-packages/a.py", "site-packages/b/c.py"])
+    assert dq.corpus(root=str(tmp_path)) == before
