@@ -1,8 +1,8 @@
 """CUDA tensors through every path, under the real launcher (tests/scripts/cuda_worker.py): the PS's push_pull,
 the optimizer wrapper, each compressor, Horovod's collectives, the broadcasts, DiLoCo (plain, and streaming with
 int8), and the all-reduce backend (torch.distributed with NCCL for CUDA tensors). Skipped where CUDA is not
-available (CI); scripts/gpu-check.sh runs it on a GPU machine. ``PUSHPULL_TEST_DEVICE=cpu`` runs the same cases on the CPU, so the checks are
-themselves checked on machines without a GPU.
+available (CI); scripts/gpu-check.sh runs it on a GPU machine. ``PUSHPULL_TEST_DEVICE=cpu`` runs the same cases
+on the CPU, so the checks are themselves checked on machines without a GPU.
 """
 from __future__ import annotations
 

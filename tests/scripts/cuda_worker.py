@@ -1,6 +1,6 @@
 """Worker program for the CUDA checks (tests/cluster/test_cuda.py, scripts/gpu-check.sh): CUDA tensors through
-every path a GPU user takes (DiLoCo's too), under the real launcher. It runs only where CUDA is available; the test skips
-elsewhere.
+every path a GPU user takes (DiLoCo's too), under the real launcher. It runs only where CUDA is available; the
+test skips elsewhere.
 
 Every expected value is rebuilt locally from (rank, step), as in api_worker.py. A result must come back on the
 tensor's own device, with its dtype, and right: exact for integers, to rounding for floats.
@@ -252,11 +252,11 @@ def case_diloco() -> None:
 
     r, n, h = bps.rank(), bps.size(), 2
     model = make_model(5)
-    start = {k: v.clone() for k, v in model.state_dict().items()}
+    global_params = {k: v.clone() for k, v in model.state_dict().items()}  # the servers' after each round
     opt = bps.DiLoCo(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), sync_every=h,
                      outer_lr=0.7, outer_momentum=0.9, nesterov=True, name="cuda.diloco")
-    outer = {k: OuterSGD(0.7, 0.9, True) for k in start}
-    for k, v in start.items():
+    outer = {k: OuterSGD(0.7, 0.9, True) for k in global_params}
+    for k, v in global_params.items():
         outer[k].apply(v.cpu().numpy() * n, n)  # the start: every rank's (equal) parameters
     for rnd in range(2):
         for s in range(rnd * h, (rnd + 1) * h):
@@ -264,16 +264,16 @@ def case_diloco() -> None:
             x, y = batch(r, s)
             nn.CrossEntropyLoss()(model(x), y).backward()
             opt.step()
-        locals_ = [local_steps(q, start, rnd * h, h).state_dict() for q in range(n)]
-        for k in start:
-            total = sum(start[k].cpu().numpy() - loc[k].cpu().numpy() for loc in locals_)
-            start[k] = torch.from_numpy(outer[k].apply(total, n).copy()).to(DEV)
+        locals_ = [local_steps(q, global_params, rnd * h, h).state_dict() for q in range(n)]
+        for k in global_params:
+            total = sum(global_params[k].cpu().numpy() - loc[k].cpu().numpy() for loc in locals_)
+            global_params[k] = torch.from_numpy(outer[k].apply(total, n).copy()).to(DEV)
     if opt.rounds != 3:
         fail(f"DiLoCo: {opt.rounds} outer rounds after 4 steps at H = 2 (the start and 2)")
     for name, p in model.named_parameters():
-        check_on_device(f"DiLoCo parameter {name}", p.data, start[name])
-        if not torch.allclose(p, start[name], rtol=1e-4, atol=1e-5):
-            fail(f"DiLoCo: parameter {name} off the outer step by {(p - start[name]).abs().max().item():.3g}")
+        check_on_device(f"DiLoCo parameter {name}", p.data, global_params[name])
+        if not torch.allclose(p, global_params[name], rtol=1e-4, atol=1e-5):
+            fail(f"DiLoCo: parameter {name} off the outer step by {(p - global_params[name]).abs().max().item():.3g}")
 
 
 def case_streaming() -> None:
@@ -305,8 +305,8 @@ def case_streaming() -> None:
 
 
 CASES = {"push_pull": case_push_pull, "inplace_async": case_inplace_async, "optimizer": case_optimizer,
-         "ddp": case_ddp, "compression": case_compression, "collectives": case_collectives, "broadcast_state": case_broadcast_state,
-         "diloco": case_diloco, "streaming": case_streaming}
+         "ddp": case_ddp, "compression": case_compression, "collectives": case_collectives,
+         "broadcast_state": case_broadcast_state, "diloco": case_diloco, "streaming": case_streaming}
 
 
 def main() -> None:

@@ -40,7 +40,6 @@ def test_the_curve_table_gives_each_point_beside_the_synchronous_one_at_the_same
     assert "| diloco100 | 2.2000 | 180 | 90 % |" in lines
 
 
-
 def _library(top: Path, names: list[str]) -> None:
     for n in names:
         (top / n).parent.mkdir(parents=True, exist_ok=True)
