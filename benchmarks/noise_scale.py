@@ -1,5 +1,5 @@
 """The gradient noise scale of the DiLoCo quality benchmark's language model: how far each worker's batch is from
-the batch at which more windows per step stop paying, which sets what DiLoCo's workers can be worth.
+the batch at which more windows per step stop paying.
 
     flock /tmp/pushpull-cpu.lock python benchmarks/noise_scale.py [--n-embd 384 --n-layer 6 --n-head 6]
         [--steps 2000 --batch 32 --lr 0.0003] [--small 8 --draws 64] [--measure-at 0,100,500,1000,2000]
@@ -8,11 +8,11 @@ the batch at which more windows per step stop paying, which sets what DiLoCo's w
 The simple noise scale of McCandlish et al. ("An Empirical Model of Large-Batch Training", arXiv 1812.06162):
 B_noise = tr(Σ) / |G|², with G the true gradient and Σ the covariance of one window's gradient. Far below it
 a step's gradient is mostly noise, and a batch k times larger makes nearly k times the progress per step; far
-above it, a larger batch adds nothing. A synchronous step of M workers uses M times each worker's batch; a
-DiLoCo worker steps on its own batch alone, so where that batch is far below B_noise its steps are noisy ones
-that the outer average only partly makes up for, and where it is above B_noise each worker's step is about as
-good as the synchronous one and DiLoCo loses little (DiLoCo's published runs: 512 sequences of 1,024 tokens per
-worker).
+above it, a larger batch adds nothing. Why DiLoCo cares: a synchronous step of M workers uses M times each
+worker's batch, a DiLoCo worker steps on its own batch alone; if that batch were far below B_noise, one
+synchronous step would be worth several of a worker's, and the outer average would have that much to make up
+for (DiLoCo's published runs give each worker 512 sequences of 1,024 tokens). docs/diloco.md sets these figures
+beside DiLoCo runs whose workers' batches span 0.06 to about 2 times B_noise: what DiLoCo is worth did not move.
 
 One process trains the benchmark's model as the synchronous run does (``--batch`` windows of 128 bytes per
 step, the synchronous run's global batch; AdamW with the same 5 % warm-up and constant rate, bf16 autocast), on
