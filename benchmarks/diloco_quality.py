@@ -150,6 +150,24 @@ def windows(text, starts):
     return text[starts.to(text.device)[:, None] + torch.arange(CONTEXT, device=text.device)]
 
 
+def held_out_loss(m, held, n_windows: int, autocast) -> float:
+    """Mean cross entropy (nats per byte) of the model as it is over ``n_windows`` fixed windows of the held-out
+    text (the same windows for every method, and for benchmarks/noise_scale.py)."""
+    import torch
+
+    m.eval()
+    g = torch.Generator().manual_seed(7)
+    starts = torch.randint(0, len(held) - CONTEXT - 1, (n_windows,), generator=g)
+    with torch.no_grad():
+        total = 0.0
+        for i in range(0, len(starts), 16):
+            x = windows(held, starts[i:i + 16])
+            with autocast:
+                total += float(m(input_ids=x, labels=x).loss) * len(x)
+    m.train()
+    return total / len(starts)
+
+
 def model(args):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
@@ -235,18 +253,7 @@ def worker(args) -> None:
     curve = []  # (job step, held-out loss of the global parameters) every --eval-every steps, rank 0 only
 
     def held_out() -> float:
-        """Mean cross entropy (nats per byte) of the model as it is over fixed windows of the held-out text."""
-        m.eval()
-        g = torch.Generator().manual_seed(7)
-        starts = torch.randint(0, len(held_t) - CONTEXT - 1, (args.eval_windows,), generator=g)
-        with torch.no_grad():
-            total = 0.0
-            for i in range(0, len(starts), 16):
-                x = windows(held_t, starts[i:i + 16])
-                with autocast:
-                    total += float(m(input_ids=x, labels=x).loss) * len(x)
-        m.train()
-        return total / len(starts)
+        return held_out_loss(m, held_t, args.eval_windows, autocast)
 
     def step_now() -> int:
         """The job's step (a newcomer starts at the job's step, which DiLoCo tells it)."""

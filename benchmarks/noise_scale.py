@@ -95,23 +95,6 @@ def measure(m, text, small: int, draws: int, gen, autocast) -> dict:
     return noise_scale((v @ v.T).double(), small)
 
 
-def held_out(m, held, windows: int, autocast) -> float:
-    """Mean cross entropy (nats per byte) over the quality benchmark's fixed held-out windows."""
-    import torch
-
-    m.eval()
-    g = torch.Generator().manual_seed(7)  # the quality benchmark's windows
-    starts = torch.randint(0, len(held) - dq.CONTEXT - 1, (windows,), generator=g)
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, len(starts), 16):
-            x = dq.windows(held, starts[i:i + 16])
-            with autocast:
-                total += float(m(input_ids=x, labels=x).loss) * len(x)
-    m.train()
-    return total / len(starts)
-
-
 def run(args) -> list[dict]:
     import torch
 
@@ -134,7 +117,7 @@ def run(args) -> list[dict]:
     rows, t0 = [], time.monotonic()
     for step in range(args.steps + 1):
         if step in at:
-            r = {"step": step, "held_out_loss": held_out(m, held_t, args.eval_windows, autocast),
+            r = {"step": step, "held_out_loss": dq.held_out_loss(m, held_t, args.eval_windows, autocast),
                  **measure(m, train_t, args.small, args.draws, probe_gen, autocast)}
             rows.append(r)
             b = r["b_noise"]
