@@ -61,3 +61,31 @@ def test_draws_that_cancel_leave_it_unresolved_not_negative():
 def test_one_draw_is_refused():
     with pytest.raises(ValueError, match="at least 2"):
         ns.noise_scale(torch.ones(1, 1, dtype=torch.float64), SMALL)
+
+
+def _tiny_model():
+    pytest.importorskip("transformers")
+    import argparse
+
+    torch.manual_seed(0)
+    return ns.dq.model(argparse.Namespace(n_embd=16, n_layer=1, n_head=2))
+
+
+def test_measuring_leaves_the_models_gradients_as_they_were():
+    import contextlib
+
+    m = _tiny_model()
+    text = torch.randint(0, 256, (4096,))
+    x = ns.dq.windows(text, torch.tensor([0, 100]))
+    m(input_ids=x, labels=x).loss.backward()
+    before = [p.grad.clone() for p in m.parameters()]
+    ns.measure(m, text, 2, 4, torch.Generator().manual_seed(0), contextlib.nullcontext())
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, m.parameters()))
+
+
+def test_measuring_random_text_at_the_start_gives_a_positive_noise_scale():
+    import contextlib
+
+    r = ns.measure(_tiny_model(), torch.randint(0, 256, (4096,)), 2, 8, torch.Generator().manual_seed(0),
+                   contextlib.nullcontext())
+    assert r["g2"] > 0 and r["b_noise"] > 0
