@@ -150,6 +150,18 @@ def windows(text, starts):
     return text[starts.to(text.device)[:, None] + torch.arange(CONTEXT, device=text.device)]
 
 
+def rate(s: int, steps: int, schedule: str) -> float:
+    """AdamW's rate at step ``s`` as a share of its peak: a warm-up over the first 5 % of ``steps``, then constant
+    or a cosine down to 10 % at the last step (every method's, and benchmarks/noise_scale.py's)."""
+    warm = max(1, steps // 20)
+    if s < warm:
+        return (s + 1) / warm
+    if schedule == "constant":
+        return 1.0
+    done = min(1.0, (s - warm) / max(1, steps - warm))
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+
+
 def held_out_loss(m, held, n_windows: int, autocast) -> float:
     """Mean cross entropy (nats per byte) of the model as it is over ``n_windows`` fixed windows of the held-out
     text (the same windows for every method, and for benchmarks/noise_scale.py)."""
@@ -195,17 +207,7 @@ def worker(args) -> None:
     m = model(args).to(dev)
     params = sum(p.numel() for p in m.parameters())
     inner = torch.optim.AdamW(m.parameters(), lr=_lr(args.method, args.lr), weight_decay=0.01)
-    warm = max(1, args.steps // 20)
-
-    def rate(s: int) -> float:
-        """Warm-up over the first 5 %, then constant or a cosine down to 10 % at the last step."""
-        if s < warm:
-            return (s + 1) / warm
-        if args.schedule == "constant":
-            return 1.0
-        done = min(1.0, (s - warm) / max(1, args.steps - warm))
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
-    sched = torch.optim.lr_scheduler.LambdaLR(inner, rate)
+    sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: rate(s, args.steps, args.schedule))
     autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
     method = args.method

@@ -95,7 +95,7 @@ def measure(m, text, small: int, draws: int, gen, autocast) -> dict:
     return noise_scale((v @ v.T).double(), small)
 
 
-def run(args) -> list[dict]:
+def run(args) -> tuple[list[dict], int]:
     import torch
 
     torch.set_num_threads(args.threads)
@@ -105,8 +105,7 @@ def run(args) -> list[dict]:
     torch.manual_seed(0)
     m = dq.model(args)
     opt = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
-    warm = max(1, args.steps // 20)  # the quality benchmark's warm-up: 5 % of the steps, then constant
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else 1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: dq.rate(s, args.steps, "constant"))
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
     at = sorted({int(s) for s in args.measure_at.split(",")})
@@ -133,7 +132,7 @@ def run(args) -> list[dict]:
         loss.backward()
         opt.step()
         sched.step()
-    return rows
+    return rows, sum(p.numel() for p in m.parameters())
 
 
 def _num(x: float) -> str:
@@ -181,7 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-head", type=int, default=6)
     p.add_argument("--steps", type=int, default=2000, help="training steps (the last --measure-at at most)")
-    p.add_argument("--batch", type=int, default=32, help="windows per training step: the synchronous run's global batch")
+    p.add_argument("--batch", type=int, default=32,
+                   help="windows per training step: the synchronous run's global batch")
     p.add_argument("--workers", type=int, default=4, help="the quality benchmark's workers: a worker's batch is "
                                                           "--batch / --workers")
     p.add_argument("--lr", type=float, default=3e-4)
@@ -195,8 +195,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.draws < 3 or args.small < 1 or args.batch % args.workers:
         raise SystemExit("--draws must be at least 3, --small at least 1, and --batch a multiple of --workers")
-    rows = run(args)
-    params = sum(p.numel() for p in dq.model(args).parameters())
+    rows, params = run(args)
     text = report(args, rows, params)
     print(text)
     if args.out:

@@ -62,3 +62,11 @@ def test_what_is_installed_in_site_packages_does_not_move_the_split(tmp_path):
     before = dq.corpus(root=str(tmp_path))
     _library(tmp_path, ["site-packages/a.py", "site-packages/b/c.py"])
     assert dq.corpus(root=str(tmp_path)) == before
+
+
+def test_the_rate_warms_up_over_the_first_twentieth_of_the_steps():
+    assert [dq.rate(s, 200, "constant") for s in (0, 9, 10)] == [pytest.approx(0.1), 1.0, 1.0]
+
+
+def test_a_cosine_rate_ends_at_a_tenth_of_its_peak():
+    assert dq.rate(200, 200, "cosine") == pytest.approx(0.1)
