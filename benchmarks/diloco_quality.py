@@ -24,6 +24,7 @@ same number of steps, each worker on its own random windows of the training text
   servers and rank 0 SIGKILLs one of them at step ``--kill-at``; its keys move to the other, which starts
   them from the workers' seeds (the global parameters and the outer momentum they inferred).
 
+``--inner sgd``: SGD with Nesterov momentum 0.9 in every place AdamW stands here (``@LR`` its rate).
 AdamW's learning rate warms up over the first 5 % of the steps and stays constant after (``--schedule
 cosine``: decays to 10 % at the last step). ``--precision bf16`` runs the forward and backward passes under
 ``torch.autocast`` (bf16 matrix products, fp32 parameters, optimizers and pseudo-gradients): 2.5x faster on a CPU
@@ -180,6 +181,17 @@ def held_out_loss(m, held, n_windows: int, autocast) -> float:
     return total / len(starts)
 
 
+def inner_optimizer(name: str, params, lr: float):
+    """Each worker's optimizer (the synchronous run's too): AdamW (weight decay 0.01), or SGD with Nesterov
+    momentum 0.9 (``--inner sgd``: local SGD's own setting, where averaging the workers' trajectories
+    approximates one trajectory on their summed batch; AdamW normalises each worker's noisier gradient first)."""
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+
+
 def model(args):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
@@ -206,7 +218,7 @@ def worker(args) -> None:
     torch.manual_seed(0)  # the same initial model on every worker (and rank 0's is broadcast anyway)
     m = model(args).to(dev)
     params = sum(p.numel() for p in m.parameters())
-    inner = torch.optim.AdamW(m.parameters(), lr=_lr(args.method, args.lr), weight_decay=0.01)
+    inner = inner_optimizer(args.inner, m.parameters(), _lr(args.method, args.lr))
     sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: rate(s, args.steps, args.schedule))
     autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
@@ -326,8 +338,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=600, help="inner steps per worker (the same for every method)")
     p.add_argument("--batch", type=int, default=8, help="windows of 128 bytes per worker per step")
     p.add_argument("--lr", type=float, default=3e-4,
-                   help="AdamW's (the inner optimizer's for DiLoCo); 3e-4 was the best of 1e-4, 3e-4 and 3e-3 for "
+                   help="AdamW's, or SGD's with --inner sgd (the inner optimizer's for DiLoCo); 3e-4 was the best of 1e-4, 3e-4 and 3e-3 for "
                         "the synchronous run, and of 1e-4, 3e-4, 1e-3 and 3e-3 for DiLoCo at 10.8 M parameters")
+    p.add_argument("--inner", choices=("adamw", "sgd"), default="adamw",
+                   help="every worker's optimizer, synchronous and DiLoCo's inner one: AdamW (weight decay 0.01) or "
+                        "SGD with Nesterov momentum 0.9")
     p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
                    help="AdamW's rate after its warm-up: constant, or a cosine down to 10 %% at the last step")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32",
@@ -360,7 +375,7 @@ def main(argv=None) -> int:
     for method in args.methods.split(","):
         argv_w = [sys.executable, str(Path(__file__).resolve()), "--worker", "--method", method]
         for k in ("steps", "batch", "lr", "n_embd", "n_layer", "n_head", "eval_windows", "eval_every", "kill_at",
-                  "schedule", "precision", "outer_lr", "outer_momentum", "device"):
+                  "schedule", "precision", "outer_lr", "outer_momentum", "device", "inner"):
             argv_w += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
         churn = {"": [], "lose": ["--min-workers", str(args.workers - 1)],
                  "replace": ["--min-workers", str(args.workers - 1), "--restart-workers", "1"],
@@ -398,6 +413,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def _inner(args) -> str:
+    """The run's optimizer (pages written before ``--inner`` existed: AdamW)."""
+    return getattr(args, "inner", "adamw")
+
+
+def _opt_name(args) -> str:
+    return "SGD (Nesterov 0.9)" if _inner(args) == "sgd" else "AdamW"
+
+
 def report(args, results: list[dict]) -> str:
     sync = next((r for r in results if _base(r["method"]) == "sync"), None)
     by_method = {r["method"]: r for r in results}
@@ -408,7 +432,8 @@ def report(args, results: list[dict]) -> str:
            + (f"--servers {args.servers} " if args.servers != 1 else "")
            + (f"--device {args.device} " if getattr(args, "device", "cpu") != "cpu" else "") +
            f"--steps {args.steps} --batch {args.batch} --lr {args.lr:g} --schedule {args.schedule} "
-           f"--precision {args.precision} --outer-lr {args.outer_lr:g} --outer-momentum {args.outer_momentum:g} "
+           f"--precision {args.precision} " + (f"--inner {_inner(args)} " if _inner(args) != "adamw" else "") +
+           f"--outer-lr {args.outer_lr:g} --outer-momentum {args.outer_momentum:g} "
            f"--n-embd {args.n_embd} --n-layer "
            f"{args.n_layer} --n-head {args.n_head} --methods {args.methods}"
            + (f" --eval-every {args.eval_every}" if args.eval_every else "")
@@ -418,7 +443,7 @@ def report(args, results: list[dict]) -> str:
              f"{args.workers} workers on this machine"
              + (f" ({r0['device']}, shared)" if r0.get("device", "cpu") != "cpu" else "")
              + f", {args.steps} steps of {args.batch} windows each per worker "
-             f"({r0['tokens'] / 1e6:.2f} M tokens per method), AdamW (lr {args.lr:g}, warm-up 5 %, then "
+             f"({r0['tokens'] / 1e6:.2f} M tokens per method), {_opt_name(args)} (lr {args.lr:g}, warm-up 5 %, then "
              + ("constant" if args.schedule == "constant" else "a cosine down to 10 %")
              + f"; {'bf16 autocast' if args.precision == 'bf16' else 'fp32'}); DiLoCo's outer SGD lr "
              f"{args.outer_lr:g}, Nesterov {args.outer_momentum:g}; streaming: 4 fragments, overlap 5 steps, int8 "
@@ -430,7 +455,7 @@ def report(args, results: list[dict]) -> str:
              + (f" Churn: in a method marked *lose* the last rank SIGKILLs itself at step {args.kill_at} and the job "
                 f"goes on with {args.workers - 1} workers (--min-workers {args.workers - 1}); in one marked "
                 f"*replace* the launcher also starts it again (--restart-workers 1), and the replacement comes into "
-                f"the running job at the step the table gives, with a fresh AdamW (its warm-up again) and its own "
+                f"the running job at the step the table gives, with a fresh {_opt_name(args)} (its warm-up again) and its own "
                 f"random windows." if kinds & {"lose", "replace"} else "")
              + (f" Server loss: in a method marked *serverloss* the job has 2 servers, and rank 0 SIGKILLs one of them "
                 f"at step {args.kill_at}; its outer keys move to the other, which starts them from the workers' seeds "
@@ -448,7 +473,7 @@ def report(args, results: list[dict]) -> str:
                  f"DiLoCo H = {h}" if base.startswith("diloco") else f"streaming DiLoCo H = {h}, F = 4, {_codec(m)}")
         opts = _options(m)
         if "lr" in opts:
-            label += f", AdamW lr {opts['lr']:g}"
+            label += f", {_opt_name(args)} lr {opts['lr']:g}"
         if "olr" in opts or "mom" in opts:
             olr, mom = _outer(m, args)
             label += f", outer lr {olr:g}" + (f" Nesterov {mom:g}" if mom else " no momentum")
