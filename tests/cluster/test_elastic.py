@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,11 @@ def test_digits_example_survives_a_sigkilled_node(victim, workers_left):
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
             "--", sys.executable, str(ROOT / "examples" / "train_digits.py"), "--no-progress",
             "--min-accuracy", "0.95"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    # the job's processes carry this tag in their environment: the victim is this job's, not one of a test that
+    # pytest-xdist runs beside it
+    tag = f"elastic-{victim}-{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "PUSHPULL_TEST_TAG": tag})
     lines = []
     try:
         assert proc.stdout is not None
@@ -107,6 +112,8 @@ def test_digits_example_survives_a_sigkilled_node(victim, workers_left):
                 if not d.name.isdigit() or int(d.name) == os.getpid():
                     continue
                 cmd, env = (d / "cmdline").read_bytes(), (d / "environ").read_bytes().split(b"\0")
+                if f"PUSHPULL_TEST_TAG={tag}".encode() not in env:
+                    continue
                 if victim == "worker" and b"train_digits.py" in cmd and b"BYTEPS_LOCAL_RANK=1" in env \
                         and b"launch" not in cmd:
                     pid = int(d.name)

@@ -13,23 +13,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _roles() -> int:
-    return len(subprocess.run(["pgrep", "-f", "pushpull.launch.role"], capture_output=True, text=True).stdout.split())
+def _roles(tag: str) -> int:
+    """This test's scheduler and server processes: their environment carries its tag (the tests that pytest-xdist
+    runs beside it start roles of their own)."""
+    mine = f"PUSHPULL_TEST_TAG={tag}".encode()
+    n = 0
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and b"pushpull.launch.role" in (d / "cmdline").read_bytes() \
+                    and mine in (d / "environ").read_bytes().split(b"\0"):
+                n += 1
+        except OSError:
+            continue
+    return n
 
 
 def test_plain_torchrun_trains_the_example_and_leaves_nothing():
-    before = _roles()
+    tag = f"torchrun-{os.getpid()}-{time.monotonic_ns()}"
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           str(ROOT / "examples" / "train_digits.py"), "--min-accuracy", "0.95", "--no-progress"],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+                         capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env={**os.environ, "PUSHPULL_TEST_TAG": tag})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     final = re.search(r"final: test_accuracy=([\d.]+).*workers=(\d)", out)
     assert final and float(final.group(1)) >= 0.95 and final.group(2) == "2", out[-3000:]
     deadline = time.monotonic() + 10
-    while _roles() > before and time.monotonic() < deadline:
+    while _roles(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _roles() == before, "scheduler or server left running after torchrun returned"
+    assert _roles(tag) == 0, "scheduler or server left running after torchrun returned"
 
 
 def _agent(name: str, port: int, folder: Path, lines: list) -> subprocess.Popen:
