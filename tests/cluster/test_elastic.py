@@ -94,8 +94,8 @@ def test_digits_example_survives_a_sigkilled_node(victim, workers_left):
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
             "--", sys.executable, str(ROOT / "examples" / "train_digits.py"), "--no-progress",
             "--min-accuracy", "0.95"]
-    # the job's processes carry this tag in their environment: the victim is this job's, not one of a test that
-    # pytest-xdist runs beside it
+    # the job's processes carry this tag in their environment: the victim is this job's, not another job's that
+    # happens to run on this machine (a benchmark, a second test session)
     tag = f"elastic-{victim}-{os.getpid()}-{time.monotonic_ns()}"
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, "PUSHPULL_TEST_TAG": tag})

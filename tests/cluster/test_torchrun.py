@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _roles(tag: str) -> int:
-    """This test's scheduler and server processes: their environment carries its tag (the tests that pytest-xdist
-    runs beside it start roles of their own)."""
+    """This test's scheduler and server processes: their environment carries its tag (other jobs on this machine,
+    a benchmark or a second test session, start roles of their own)."""
     mine = f"PUSHPULL_TEST_TAG={tag}".encode()
     n = 0
     for d in Path("/proc").iterdir():
