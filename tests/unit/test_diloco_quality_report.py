@@ -70,3 +70,43 @@ def test_the_rate_warms_up_over_the_first_twentieth_of_the_steps():
 
 def test_a_cosine_rate_ends_at_a_tenth_of_its_peak():
     assert dq.rate(200, 200, "cosine") == pytest.approx(0.1)
+
+
+def test_inner_sgd_is_sgd_with_nesterov_momentum_0_9():
+    import torch
+
+    opt = dq.inner_optimizer("sgd", [torch.nn.Parameter(torch.zeros(2))], 0.03)
+    group = opt.param_groups[0]
+    assert type(opt) is torch.optim.SGD and (group["lr"], group["momentum"], group["nesterov"]) == (0.03, 0.9, True)
+
+
+def test_the_default_inner_optimizer_is_adamw_with_weight_decay_0_01():
+    import torch
+
+    opt = dq.inner_optimizer("adamw", [torch.nn.Parameter(torch.zeros(2))], 1e-3)
+    assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["weight_decay"] == 0.01
+
+
+def _page(inner: str | None) -> str:
+    import argparse
+
+    args = argparse.Namespace(workers=4, servers=1, device="cpu", steps=200, batch=8, lr=0.03, schedule="constant",
+                              precision="bf16", outer_lr=0.7, outer_momentum=0.9, n_embd=128, n_layer=4, n_head=4,
+                              methods="sync,diloco100@lr=0.03", eval_every=0, kill_at=100, eval_windows=256)
+    if inner is not None:
+        args.inner = inner
+    common = {"params": 8e5, "tokens": 819200, "workers": 4, "steps": 200, "wall_s": 10.0, "job_s": 12.0,
+              "train_loss_end": 2.0, "held_out_curve": [(200, 2.0)], "device": "cpu"}
+    results = [{**common, "method": "sync", "held_out_loss": 2.0, "sync_steps": 200, "outer_rounds": None},
+               {**common, "method": "diloco100@lr=0.03", "held_out_loss": 2.2, "sync_steps": 0, "outer_rounds": 2}]
+    return dq.report(args, results)
+
+
+def test_a_page_of_an_sgd_run_names_sgd_and_gives_the_flag_in_its_command():
+    page = _page("sgd")
+    assert "--inner sgd " in page and "SGD (Nesterov 0.9) (lr 0.03" in page and "SGD (Nesterov 0.9) lr 0.03 |" in page
+
+
+def test_a_page_from_before_the_flag_names_adamw_and_no_flag():
+    page = _page(None)
+    assert "--inner" not in page and "AdamW (lr 0.03" in page and "AdamW lr 0.03 |" in page
