@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import procs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,23 +107,20 @@ def test_digits_example_survives_a_sigkilled_node(victim, workers_left):
             lines.append(line)
             if "epoch 3/" in line:
                 break
-        pid = None
-        for d in Path("/proc").iterdir():  # the worker that started as rank 1, or a server of this job
-            try:
-                if not d.name.isdigit() or int(d.name) == os.getpid():
-                    continue
-                cmd, env = (d / "cmdline").read_bytes(), (d / "environ").read_bytes().split(b"\0")
-                if f"PUSHPULL_TEST_TAG={tag}".encode() not in env:
-                    continue
-                if victim == "worker" and b"train_digits.py" in cmd and b"BYTEPS_LOCAL_RANK=1" in env \
-                        and b"launch" not in cmd:
-                    pid = int(d.name)
-                if victim == "server" and b"launch.role" in cmd and b"DMLC_ROLE=server" in env \
-                        and any(e.startswith(b"PUSHPULL_MIN_WORKERS=2") for e in env):
-                    pid = int(d.name)
-            except OSError:
-                continue
-        assert pid, "".join(lines)
+        mine = f"PUSHPULL_TEST_TAG={tag}".encode()
+
+        def is_victim(cmd: bytes, environ: bytes) -> bool:
+            """The worker that started as rank 1, or a server, of this job."""
+            env = environ.split(b"\0")
+            if mine not in env:
+                return False
+            if victim == "worker":
+                return b"train_digits.py" in cmd and b"BYTEPS_LOCAL_RANK=1" in env and b"launch" not in cmd
+            return b"launch.role" in cmd and b"DMLC_ROLE=server" in env \
+                and any(e.startswith(b"PUSHPULL_MIN_WORKERS=2") for e in env)
+        found = procs.pids(is_victim)
+        assert found, "".join(lines)
+        pid = found[-1]
         os.kill(pid, signal.SIGKILL)
         rest = proc.communicate(timeout=240)[0]
     finally:

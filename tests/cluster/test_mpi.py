@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import procs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,18 +20,7 @@ pytestmark = pytest.mark.skipif(MPIRUN is None, reason="no mpirun here (Debian: 
 
 def _roles_of_mpi_jobs() -> list[int]:
     """Scheduler and server processes started under mpirun (their environment holds Open MPI's size)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            env = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"pushpull.launch.role" in cmd and b"OMPI_COMM_WORLD_SIZE=" in env:
-            pids.append(int(d.name))
-    return pids
+    return procs.roles(b"OMPI_COMM_WORLD_SIZE=")
 
 
 @pytest.fixture(scope="module")

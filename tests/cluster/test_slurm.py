@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
+import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,16 +41,6 @@ def test_the_sbatch_example_runs_to_its_accuracy(slurm, tmp_path):
 
 def test_no_scheduler_or_server_outlives_the_slurm_job(slurm):
     deadline = time.monotonic() + 10
-    def left():
-        pids = []
-        for d in Path("/proc").iterdir():
-            try:
-                if d.name.isdigit() and b"pushpull.launch.role" in (d / "cmdline").read_bytes() \
-                        and b"SLURM_JOB_ID=" in (d / "environ").read_bytes():
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-        return pids
-    while left() and time.monotonic() < deadline:
+    while procs.roles(b"SLURM_JOB_ID=") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert left() == []
+    assert procs.roles(b"SLURM_JOB_ID=") == []

@@ -10,22 +10,15 @@ import threading
 import time
 from pathlib import Path
 
+import procs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _roles(tag: str) -> int:
-    """This test's scheduler and server processes: their environment carries its tag (other jobs on this machine,
-    a benchmark or a second test session, start roles of their own)."""
-    mine = f"PUSHPULL_TEST_TAG={tag}".encode()
-    n = 0
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and b"pushpull.launch.role" in (d / "cmdline").read_bytes() \
-                    and mine in (d / "environ").read_bytes().split(b"\0"):
-                n += 1
-        except OSError:
-            continue
-    return n
+    """This test's schedulers and servers: their environment carries its tag (other jobs on this machine, a
+    benchmark or a second test session, start roles of their own)."""
+    return len(procs.roles(f"PUSHPULL_TEST_TAG={tag}\0".encode()))
 
 
 def test_plain_torchrun_trains_the_example_and_leaves_nothing():
