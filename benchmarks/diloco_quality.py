@@ -338,8 +338,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=600, help="inner steps per worker (the same for every method)")
     p.add_argument("--batch", type=int, default=8, help="windows of 128 bytes per worker per step")
     p.add_argument("--lr", type=float, default=3e-4,
-                   help="AdamW's, or SGD's with --inner sgd (the inner optimizer's for DiLoCo); 3e-4 was the best of 1e-4, 3e-4 and 3e-3 for "
-                        "the synchronous run, and of 1e-4, 3e-4, 1e-3 and 3e-3 for DiLoCo at 10.8 M parameters")
+                   help="AdamW's, or SGD's with --inner sgd (the inner optimizer's for DiLoCo); 3e-4 was the best of "
+                        "1e-4, 3e-4 and 3e-3 for the synchronous run, and of 1e-4, 3e-4, 1e-3 and 3e-3 for DiLoCo at "
+                        "10.8 M parameters")
     p.add_argument("--inner", choices=("adamw", "sgd"), default="adamw",
                    help="every worker's optimizer, synchronous and DiLoCo's inner one: AdamW (weight decay 0.01) or "
                         "SGD with Nesterov momentum 0.9")
@@ -455,8 +456,8 @@ def report(args, results: list[dict]) -> str:
              + (f" Churn: in a method marked *lose* the last rank SIGKILLs itself at step {args.kill_at} and the job "
                 f"goes on with {args.workers - 1} workers (--min-workers {args.workers - 1}); in one marked "
                 f"*replace* the launcher also starts it again (--restart-workers 1), and the replacement comes into "
-                f"the running job at the step the table gives, with a fresh {_opt_name(args)} (its warm-up again) and its own "
-                f"random windows." if kinds & {"lose", "replace"} else "")
+                f"the running job at the step the table gives, with a fresh {_opt_name(args)} (its warm-up again) and "
+                f"its own random windows." if kinds & {"lose", "replace"} else "")
              + (f" Server loss: in a method marked *serverloss* the job has 2 servers, and rank 0 SIGKILLs one of them "
                 f"at step {args.kill_at}; its outer keys move to the other, which starts them from the workers' seeds "
                 f"(the global parameters and the outer momentum they inferred); every worker stays, none restores."
