@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _elastic_job(kill: str, restart: str | None = None) -> str:
     """3 workers, 2 servers, --min-workers 2; tests/scripts/elastic_worker.py kills a ``kill`` mid-run. With
     ``restart`` (a launcher flag: --restart-workers, --restart-servers) the launcher replaces it once, and the
-    steps are slowed so that the replacement comes in mid-run."""
-    again = [restart, "1", "--env", "ELASTIC_STEP_SLEEP=0.3"] if restart else []
+    others hold after the loss until the replacement is in, so that it comes in mid-run."""
+    again = [restart, "1", "--env", "ELASTIC_HOLD=1"] if restart else []
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
             *again, "--env", f"ELASTIC_KILL={kill}", "--", sys.executable,
             str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
@@ -55,7 +55,7 @@ def test_launcher_says_the_job_goes_on(suicide_job):
 
 @pytest.fixture(scope="module")
 def replacement_job() -> str:
-    """As suicide_job, with --restart-workers 1 and slow steps: the launcher starts a replacement for the lost
+    """As suicide_job, with --restart-workers 1 and the others holding until it is in: the launcher starts a replacement for the lost
     worker, which joins the running job (issue 30, item 1)."""
     return _elastic_job("worker", "--restart-workers")
 
@@ -152,7 +152,7 @@ def test_a_server_loss_is_one_reset_at_the_same_size(server_loss_job):
 
 @pytest.fixture(scope="module")
 def server_back_job() -> str:
-    """As server_loss_job with --restart-servers 1 and slowed steps: the launcher starts the lost server again
+    """As server_loss_job with --restart-servers 1 and the workers holding until it is in: the launcher starts the lost server again
     and it takes the lost one's place in the running job."""
     return _elastic_job("server", "--restart-servers")
 
@@ -215,7 +215,7 @@ def test_a_scheduler_lost_before_the_workers_hear_of_a_replacement_server_costs_
     (PUSHPULL_FAILPOINT), once; the launcher starts it again."""
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "3", "--servers", "2", "--min-workers", "2",
             "--restart-servers", "1", "--restart-scheduler", "1", "--env", "ELASTIC_KILL=server",
-            "--env", "ELASTIC_STEP_SLEEP=0.3",
+            "--env", "ELASTIC_HOLD=1",
             "--env", "PUSHPULL_FAILPOINT=scheduler-dies-before-workers-hear-of-a-replacement", "--",
             sys.executable, str(ROOT / "tests" / "scripts" / "elastic_worker.py")]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT)

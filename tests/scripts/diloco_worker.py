@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from elastic_common import hold_until_generation
 
 import pushpull.torch as bps
 
@@ -169,7 +170,7 @@ def churn() -> None:
           f"change(s) taken, {opt.rounds} rounds ({rounds} due), {worst:.1e} from the reference", flush=True)
 
 
-JOIN_STEPS, JOIN_DIE_AT = 150, 8  # nothing in flight after step 8 in either configuration
+JOIN_STEPS, JOIN_DIE_AT = 30, 8  # nothing in flight after step 8 in either configuration
 JOIN_CONFIGS = {"diloco": {}, "streaming-overlap": {"fragments": 2, "overlap": 1, "mix": 0.5}}
 
 
@@ -178,10 +179,10 @@ def join(config: str) -> None:
     inner step; the launcher starts it again, and it comes into the running job as rank 2 where the others
     are (DiLoCo's welcome). It counts from its first round after coming in; before that, the rounds average
     the two others. All three end with the reference's parameters, which replays exactly that, and with the
-    same step and round counts. The steps are slowed (50 ms) so that the newcomer comes in mid-run."""
+    same step and round counts. Once the loss is seen (the job's first change) the others hold until the newcomer
+    is in (its second), so that it comes in mid-run however long its start takes."""
     import os
     import signal
-    import time
 
     streaming = JOIN_CONFIGS[config]
     rank = bps.rank()
@@ -190,13 +191,14 @@ def join(config: str) -> None:
                      name=f"join-{config}", **DILOCO, **streaming)
     newcomer = opt.joined_at is not None
     while opt.steps < JOIN_STEPS:
+        if not newcomer and bps.engine().gen == 1:
+            hold_until_generation(2)
         if opt.steps == JOIN_DIE_AT and rank == 2 and not newcomer:
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch(rank, opt.steps)  # the job's step: a newcomer's batches are those the reference replays
         opt.zero_grad()
         torch.nn.functional.mse_loss(m(x), y).backward()
         opt.step()
-        time.sleep(0.05)
     opt.sync()
     n = bps.size()
     came = bps.broadcast_object(opt.joined_at, root_rank=n - 1, name="join.came_in")
@@ -212,7 +214,7 @@ def join(config: str) -> None:
 
 
 SERVER_LOSS_AT = 4  # after the round of step 3 (the first with momentum), before that of step 6
-SERVER_BACK_STEPS = 45  # with --restart-servers: steps (slowed) long enough for the replacement to come in
+SERVER_BACK_STEPS = 24  # with --restart-servers: the loss seen, every rank holds until the replacement is in
 
 
 def server_loss(config: str, replaced: bool = False) -> None:
@@ -224,7 +226,8 @@ def server_loss(config: str, replaced: bool = False) -> None:
     fails on the moved keys; with the momentum lost the result is off by far more than 1e-5. ``replaced``
     (--restart-servers 1): the launcher starts the server again and it takes the lost one's place; the
     outer keys stay on the survivor, where their state is exact (the plain keys go back), and the job goes
-    on; the run is longer and slowed so that it comes in mid-run."""
+    on; the run is longer, and once the loss is seen every rank holds until the replacement is in, so that it comes
+    in mid-run."""
     import time
 
     from pushpull.bench.victims import kill_a_server
@@ -242,6 +245,8 @@ def server_loss(config: str, replaced: bool = False) -> None:
     held = servers()
     total = SERVER_BACK_STEPS if replaced else ROUNDS * H
     for s in range(total):
+        if replaced and eng.gen == 1:
+            hold_until_generation(2)
         if s == SERVER_LOSS_AT and rank == 0:
             kill_a_server(bps.config().root_port)
             time.sleep(2.0)
@@ -249,8 +254,6 @@ def server_loss(config: str, replaced: bool = False) -> None:
         opt.zero_grad()
         torch.nn.functional.mse_loss(m(x), y).backward()
         opt.step()
-        if replaced:
-            time.sleep(0.1)
     opt.sync()
     want, rounds = reference(3, DILOCO, **streaming, total=total)
     worst = max(float((a.detach() - b).abs().max()) for a, b in zip(m.parameters(), want[rank]))

@@ -1,7 +1,9 @@
-"""What the elastic test scripts share (elastic_worker.py, elastic_stale_worker.py, torchrun_elastic_worker.py):
-a linear model under DistributedOptimizer with its elastic state, its regression data, one step on a batch, and
-the end's check that every rank holds the same parameters."""
+"""What the elastic test scripts share: a linear model under DistributedOptimizer with its elastic state, its
+regression data, one step on a batch and the end's check that every rank holds the same parameters
+(elastic_worker.py, elastic_stale_worker.py, torchrun_elastic_worker.py); a hold until a replacement is in
+(elastic_worker.py, elastic_stale_worker.py, elastic_sparse_worker.py, diloco_worker.py)."""
 import sys
+import time
 
 import torch
 
@@ -33,3 +35,13 @@ def exit_unless_parameters_agree(model, name: str, among: str) -> None:
     if not torch.allclose(total, flat * bps.size(), atol=1e-6):
         print(f"FAIL: parameters differ across {among}: {total - flat * bps.size()}", flush=True)
         sys.exit(3)
+
+
+def hold_until_generation(gen: int, timeout: float = 60.0) -> None:
+    """Sleep, with no operation in flight, until this worker has seen the job's change number ``gen`` (a
+    replacement the launcher started came in): the replacement then comes into a running job however long its
+    start takes on a loaded machine, where slowed steps all along only made that likely, at the price of their
+    sleep. Bounded: past ``timeout`` the worker goes on, and the test's own checks say what did not happen."""
+    deadline = time.monotonic() + timeout
+    while bps.engine().gen < gen and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -9,10 +9,10 @@ commit or at the next commit, and both changes come while one streams (the job g
 import os
 import signal
 import sys
-import time
 
 import numpy as np
 import torch
+from elastic_common import hold_until_generation
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
@@ -53,7 +53,8 @@ state = bps.elastic.TorchState(net, opt, step=0, sizes=[])
 def train(state):
     while state.step < STEPS:
         t = state.step
-        time.sleep(0.25)  # slow steps, so that the replacements come in mid-run
+        if bps.engine().gen in (1, 3):  # a worker, then a server lost: hold until the launcher's replacement is in
+            hold_until_generation(bps.engine().gen + 1)
         if first_rank == 1 and t == 10 and not late:
             print("VICTIM dies now", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -14,18 +14,18 @@ import sys
 import time
 
 import torch
-from elastic_common import elastic_linear, exit_unless_parameters_agree, step as one_step
+from elastic_common import elastic_linear, exit_unless_parameters_agree, hold_until_generation, step as one_step
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
 
-STEP_SLEEP = 0.3
 bps.init()
 late = bps.engine().joined_late
 first_rank = bps.engine().first_rank
 print(f"START first rank {first_rank} rank {bps.rank()} size {bps.size()} late {late}", flush=True)
 model, opt, state, x_all, y_all = elastic_linear(first_rank)
-done = {"server": False, "stale_sums": 0}
+done = {"server": False, "stale_sums": 0, "server_back_at": None}
+TIMEOUT = float(bps.config().timeout)
 
 
 def kill_stale_keys_server() -> None:
@@ -48,7 +48,17 @@ def train(state):
         state.sizes = state.sizes + [size]
         idx = torch.arange(rank, 600, size)
         for step in range(10):
-            time.sleep(STEP_SLEEP)
+            gen = bps.engine().gen  # the changes: 1 worker lost, 2 its replacement in, 3 a server lost, 4 it is back
+            if gen == 1 and done["stale_sums"]:
+                hold_until_generation(2)  # the size-2 keys are declared: now let the replacement in
+            if gen == 3:
+                hold_until_generation(4)
+            if gen == 4 and done["server_back_at"] is None:
+                done["server_back_at"] = time.monotonic()
+            if gen == 4 and state.epoch >= 8 and step == 4:
+                # every rank (they step together) waits out PUSHPULL_TIMEOUT from the move before the replacement
+                # dies, as the chaos run's job did: the moved keys' declarations are older than one deadline
+                time.sleep(max(0.0, done["server_back_at"] + TIMEOUT + 1.0 - time.monotonic()))
             if first_rank == 1 and not late and state.epoch == 1 and step == 4:
                 print("VICTIM worker dies now", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -7,13 +7,15 @@ import sys
 import time
 
 import torch
-from elastic_common import elastic_linear, exit_unless_parameters_agree, step as one_step
+from elastic_common import elastic_linear, exit_unless_parameters_agree, hold_until_generation, step as one_step
 
 import pushpull.torch as bps
 from pushpull.bench.victims import kill_a_server
 
 KILL = os.environ.get("ELASTIC_KILL", "worker")  # what dies mid-run: this script's rank 1, or a server
-STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))  # slow steps, so a replacement joins mid-run
+# the launcher starts a replacement for what died (--restart-workers, --restart-servers): once the loss is seen (the
+# job's first change), hold until the replacement is in (its second), so that it joins a job still running
+HOLD = os.environ.get("ELASTIC_HOLD") == "1"
 
 bps.init()
 late = bps.engine().joined_late  # a replacement (--restart-workers): it joined the running job
@@ -40,7 +42,8 @@ def train(state):
         state.sizes = state.sizes + [size]
         idx = torch.arange(rank, 600, size)
         for step in range(10):
-            time.sleep(STEP_SLEEP)
+            if HOLD and bps.engine().gen == 1:
+                hold_until_generation(2)
             if first_rank == 1 and state.epoch == 2 and step == 4 and KILL == "worker" and not late:
                 print("VICTIM dies now", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
