@@ -360,7 +360,7 @@ def case_equiv() -> None:
 
 def case_ddp() -> None:
     """The DistributedDataParallel wrapper (with and without no_sync) matches the reference."""
-    r, n = bps.rank(), bps.size()
+    r = bps.rank()
     steps, b = 5, 8
     ref = reference(steps, b)
     for accumulate in (False, True):

@@ -417,7 +417,7 @@ def _():
 
 @case("sync-batch-norm")
 def _():
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     torch.manual_seed(7)
     ref = nn.BatchNorm1d(3).double()
     sync = hvd.SyncBatchNorm(3).double()
@@ -482,7 +482,7 @@ def _():
 @case("names-push-pull-is-allreduce")
 def _():
     """BytePS's push_pull(name=x) and Horovod's allreduce(name=x) are the same user reduction."""
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     a = hvd.push_pull(torch.ones(2) * r, average=False, name="shared")
     b = hvd.allreduce(torch.ones(2) * r, op=hvd.Sum, name="shared")
     check("same key", a, b)
