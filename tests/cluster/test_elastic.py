@@ -55,8 +55,8 @@ def test_launcher_says_the_job_goes_on(suicide_job):
 
 @pytest.fixture(scope="module")
 def replacement_job() -> str:
-    """As suicide_job, with --restart-workers 1 and the others holding until it is in: the launcher starts a replacement for the lost
-    worker, which joins the running job (issue 30, item 1)."""
+    """As suicide_job, with --restart-workers 1 and the others holding until it is in: the launcher starts a
+    replacement for the lost worker, which joins the running job (issue 30, item 1)."""
     return _elastic_job("worker", "--restart-workers")
 
 
@@ -152,8 +152,8 @@ def test_a_server_loss_is_one_reset_at_the_same_size(server_loss_job):
 
 @pytest.fixture(scope="module")
 def server_back_job() -> str:
-    """As server_loss_job with --restart-servers 1 and the workers holding until it is in: the launcher starts the lost server again
-    and it takes the lost one's place in the running job."""
+    """As server_loss_job with --restart-servers 1 and the workers holding until it is in: the launcher starts
+    the lost server again and it takes the lost one's place in the running job."""
     return _elastic_job("server", "--restart-servers")
 
 
