@@ -345,7 +345,8 @@ def main(argv=None) -> int:
                    help="every worker's optimizer, synchronous and DiLoCo's inner one: AdamW (weight decay 0.01) or "
                         "SGD with Nesterov momentum 0.9")
     p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
-                   help="AdamW's rate after its warm-up: constant, or a cosine down to 10 %% at the last step")
+                   help="every worker's rate (AdamW's or SGD's) after its warm-up: constant, or a cosine down "
+                        "to 10 %% at the last step")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32",
                    help="bf16: the forward and backward under torch.autocast (fp32 parameters and optimizers)")
     p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer SGD learning rate")

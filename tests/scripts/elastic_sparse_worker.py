@@ -53,8 +53,9 @@ state = bps.elastic.TorchState(net, opt, step=0, sizes=[])
 def train(state):
     while state.step < STEPS:
         t = state.step
-        if bps.engine().gen in (1, 3):  # a worker, then a server lost: hold until the launcher's replacement is in
-            hold_until_generation(bps.engine().gen + 1)
+        gen = bps.engine().gen  # read once: the I/O thread may move it on between two reads
+        if gen in (1, 3):  # a worker, then a server lost: hold until the launcher's replacement is in
+            hold_until_generation(gen + 1)
         if first_rank == 1 and t == 10 and not late:
             print("VICTIM dies now", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
