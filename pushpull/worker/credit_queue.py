@@ -35,6 +35,10 @@ class CreditQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._heap)
 
+    def queued(self) -> list[T]:
+        """The items still waiting for credit (none started), in no particular order."""
+        return [entry[-1] for entry in self._heap]
+
     def push(self, item: T, nbytes: int, priority: int = 0, part: int = 0) -> None:
         if self.by_priority:
             heapq.heappush(self._heap, (-priority, part, next(self._seq), nbytes, item))

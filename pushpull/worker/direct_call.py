@@ -39,14 +39,14 @@ class DirectCalls:
         if (not kind.on_host(tensor) or kind.dtype(tensor) is not e.dtype
                 or (output is not None and not kind.writable(output))):
             return None
-        with eng.table.lock:
-            if e.busy or e.state is not READY:
+        with eng.table.lock:  # the generation with the change, as the engine's _reset() sets them
+            if e.busy or e.state is not READY or eng.changed_unseen:  # a change: the engine's path raises it
                 return None
-            e.busy = True
+            gen = eng.gen
+            e.busy, e.busy_gen = True, gen
         t0 = time.perf_counter()
         try:
-            eng.raise_if_changed(name)
-            return self._exchange(kind, e, tensor, output, name, average, sig)
+            return self._exchange(kind, e, tensor, output, name, average, gen, sig)
         except WorkersChanged:
             eng.changed_unseen = False
             raise
@@ -57,15 +57,15 @@ class DirectCalls:
             e.busy = False
             eng.stats["direct_s"] += time.perf_counter() - t0
 
-    def _exchange(self, kind, e: Entry, tensor, output, name: str, average: bool, sig: int = 0):
-        """The exchange itself, with ``e`` marked busy; every way of not getting the sum raises."""
+    def _exchange(self, kind, e: Entry, tensor, output, name: str, average: bool, gen: int, sig: int = 0):
+        """The exchange itself, with ``e`` marked busy in generation ``gen``; every way of not getting the sum
+        raises."""
         eng = self.eng
         direct = eng.direct
         src = kind.host(tensor)[0]
         out = kind.empty_like(src) if output is None else output
         p = e.parts[0]
         e.round += 1
-        gen = eng.gen
         # one header per entry, reused: only the sender, round, generation and signature change per call
         header = e.direct_header
         if header is None or header.key != p.key:

@@ -455,7 +455,6 @@ class Engine:
             raise TypeError(f"push_pull of tensor {name!r}: {ex}") from None
         if self.member.failure:
             raise PushPullError(f"push_pull of tensor {name!r}: {self.member.failure}")
-        self.raise_if_changed(name)
         src, device = kind.host(tensor)
         concat = spec.op == "concat"
         if concat:
@@ -477,19 +476,7 @@ class Engine:
         else:
             out = kind.empty(kind.shape(output), kind.dtype(output))
             user_out = output
-        with self.table.lock:
-            try:
-                entry = self._entry(name, shape, dtype, compression, spec)
-            except ValueError as ex:
-                self._abort_next_round(name, str(ex))
-                raise
-            if entry.error:
-                self.stats["errors"] += 1
-                raise PushPullError(entry.error)
-            if entry.busy:
-                raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
-                                 f"starting another with the same name")
-            entry.busy = True
+        gen, entry = self._take_entry(name, shape, dtype, compression, spec)
         inp = kind.raw(src)
         if out is None:
             out_bytes = None
@@ -500,10 +487,44 @@ class Engine:
                 kind=kind)
         op.handle._describe = lambda: self.status.describe(op)
         op.handle._abandon = lambda why: self._give_up(op, why)
-        op.gen = self.kv.gen
+        op.gen = gen
         op.handle.output = output if output is not None else out
         self.van.call_soon(lambda: self.pipeline.start(op))
         return op.handle
+
+    def _take_entry(self, name: str, shape: tuple, dtype: DType, compression: dict | None, spec: KeySpec) -> tuple[int, Entry]:
+        """Mark ``name``'s entry busy for a new op; return the job's generation the op belongs to and the entry. Raise
+        WorkersChanged if the job changed since this worker's last operation, ValueError if an op of it is in
+        flight. An op of it from before a change (the I/O thread is failing it: restart(), or start() for one
+        not started yet) is waited for: its caller already had WorkersChanged and restored, and this is its
+        first push after that."""
+        deadline = None
+        while True:
+            with self.table.lock:  # the generation with the change, as _reset() sets them
+                self.raise_if_changed(name)
+                gen = self.kv.gen
+                try:
+                    entry = self._entry(name, shape, dtype, compression, spec)
+                except ValueError as ex:
+                    self._abort_next_round(name, str(ex))
+                    raise
+                if entry.error:
+                    self.stats["errors"] += 1
+                    raise PushPullError(entry.error)
+                if not entry.busy:
+                    entry.busy, entry.busy_gen = True, gen
+                    return gen, entry
+                if entry.busy_gen == gen:
+                    raise ValueError(f"a push_pull of tensor {name!r} is already in flight; wait for it before "
+                                     f"starting another with the same name")
+            if deadline is None:
+                deadline = time.monotonic() + self.cfg.timeout
+            elif time.monotonic() > deadline:
+                raise PushPullError(f"push_pull of tensor {name!r}: its op from before the change to generation "
+                                    f"{gen} was still in flight after {self.cfg.timeout:.0f}s (PUSHPULL_TIMEOUT)")
+            if self.member.failure:
+                raise PushPullError(f"push_pull of tensor {name!r}: {self.member.failure}")
+            time.sleep(0.001)
 
     def _give_up(self, op: Op, why: str) -> None:
         """The caller's thread, as its deadline passes: the tensor refuses new calls at once (the caller's
@@ -598,14 +619,21 @@ class Engine:
         self.servers_lost.update(int(x) for x in d.get("lost_servers", ()))
         for srv in d.get("servers_added", ()):  # before the moved partitions are declared to it
             self._server_replaced(srv)
-        self.kv.gen = int(d["gen"])
-        self.kv.rank = int(new_rank)
-        self.averager.resize(int(d["num_workers"]))
+        reason = (f"the job changed ({d.get('lost')}): {int(d['num_workers'])} workers, this one is rank "
+                  f"{int(new_rank)} now (generation {int(d['gen'])})")
+        with self.table.lock:
+            # one step for a submit() on the training thread, which reads both under this lock: its op is either
+            # of the job before (start() fails it: another generation) or finds the change and raises
+            # WorkersChanged. Apart, an op could take the new generation unfailed, go out as a round nobody else
+            # pushes, and still be in flight when its caller, restored by a later op's WorkersChanged, pushes the
+            # tensor again
+            self.kv.gen = int(d["gen"])
+            self.kv.rank = int(new_rank)
+            self.averager.resize(int(d["num_workers"]))
+            self.pipeline.changed_reason = reason
+            self.changed_unseen = "joined_last" not in d  # the end of a join(): nothing to restore
         self.member.node_id = self.rank
-        reason = (f"the job changed ({d.get('lost')}): {self.size} workers, this one is rank {self.rank} now "
-                  f"(generation {self.gen})")
         (log.info if "joined_last" in d else log.warning)("%s", reason)
-        self.changed_unseen = True
         self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()}, keep_shared)
         if d.get("came_in"):
             # after the change is applied (the training thread, which reads it, then finds the new generation and
@@ -613,7 +641,6 @@ class Engine:
             # the end of this I/O pass): their catcher reads it (DiLoCo welcomes the newcomer)
             self.arrival_gen = int(d["gen"])
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
-            self.changed_unseen = False
             self.joined_ranks = set()
             self._join_last = int(d["joined_last"])
             self._join_done.set()

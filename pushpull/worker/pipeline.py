@@ -416,9 +416,17 @@ class Pipeline:
                 handle.fail(error, exc)
 
     # ------------------------------------------------------------ job changes --
+    def _started_ops(self) -> list[Op]:
+        """Every op past its start: on the wire, or with partitions still waiting in the credit queue (an op
+        whose partitions all wait there is on no wire yet, and would otherwise go out after the change)."""
+        ops = {id(op): op for op in self.kv.inflight.values()}
+        for op, _ in self.kv.queue.queued():
+            ops.setdefault(id(op), op)
+        return list(ops.values())
+
     def fail_all(self, reason: str, exc: type = PushPullError) -> None:
         """Every op in flight or waiting for its tensor's set-up fails with ``reason``."""
-        for op in list(self.kv.inflight.values()):
+        for op in self._started_ops():
             self.finish(op, f"tensor {op.entry.name!r}: {reason}", exc)
         for e in self.entries.values():
             waiting, e.waiting = e.waiting, []
@@ -432,7 +440,7 @@ class Pipeline:
         of a join(), which keeps every rank, as the servers then do."""
         kv = self.kv
         self.changed_reason = reason
-        for op in list(kv.inflight.values()):
+        for op in self._started_ops():
             self.finish(op, f"tensor {op.entry.name!r}: {reason}", WorkersChanged)
         kv.inflight.clear()
         for key, server in moved.items():

@@ -124,6 +124,7 @@ class Entry:
     compression: dict | None
     parts: list[Partition]
     busy: bool = False
+    busy_gen: int = 0       # the job's generation its op in flight (busy) was submitted in
     state: EntryState = NEW
     error: str | None = None
     round: int = 0

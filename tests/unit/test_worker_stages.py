@@ -12,7 +12,7 @@ import torch
 from pushpull import dtypes
 from pushpull.transport.protocol import Flags, Header, Msg, MsgType, backup_extra, decode_json, encode_json
 from pushpull.worker.average import Averager
-from pushpull.worker.handle import Handle, PushPullError
+from pushpull.worker.handle import Handle, PushPullError, WorkersChanged
 from pushpull.worker.kv_client import KVClient
 from pushpull.worker.pipeline import Pipeline
 from pushpull.worker.table import (
@@ -454,3 +454,20 @@ def test_a_placement_that_arrives_after_a_change_failed_its_op_is_declared_by_th
     again = hw.submit("t", torch.ones(2))
     hw.pump()
     assert again.handle.done() and again.handle.error is None and op.entry.state is READY
+
+
+def test_an_op_whose_partitions_all_wait_for_credit_fails_at_a_change_and_frees_its_tensor():
+    """On no wire yet, it is in neither the in-flight map nor its tensor's waiting list; left alone it would go
+    out after the change as a round no other worker pushes, with its tensor busy when the caller pushes it again."""
+    hw = Harness(credit_bytes=8, partition_bytes=8)
+    first = hw.submit("a", torch.ones(2))  # 8 bytes: the whole credit
+    waiting = hw.submit("b", torch.ones(2))
+    hw.pump(hold=frozenset({MsgType.PUSH_ACK, MsgType.PULL_RESP}))
+    assert len(hw.kv.queue) == 1 and not any(op is waiting for op in hw.kv.inflight.values())
+    hw.kv.gen = 1
+    hw.pipeline.restart("the job changed", {})
+    hw.pump()
+    for op in (first, waiting):
+        assert op.handle.done() and op.handle.error_type is WorkersChanged and "the job changed" in op.handle.error
+        assert not op.entry.busy
+    assert hw.kv.queue.in_flight == 0
