@@ -631,15 +631,15 @@ class Engine:
             self.kv.rank = int(new_rank)
             self.averager.resize(int(d["num_workers"]))
             self.pipeline.changed_reason = reason
+            if d.get("came_in"):
+                # with the generation and before the change's mark: whoever catches the WorkersChanged of this
+                # change (the mark's, or an op's failed below) reads it and welcomes the newcomer (DiLoCo); set
+                # after the mark, a catcher in between went on without the welcome the others held out for
+                self.arrival_gen = int(d["gen"])
             self.changed_unseen = "joined_last" not in d  # the end of a join(): nothing to restore
         self.member.node_id = self.rank
         (log.info if "joined_last" in d else log.warning)("%s", reason)
         self.pipeline.restart(reason, {int(k): int(v) for k, v in d.get("moved", {}).items()}, keep_shared)
-        if d.get("came_in"):
-            # after the change is applied (the training thread, which reads it, then finds the new generation and
-            # its next operation raising WorkersChanged), before the operations failed above are released (at
-            # the end of this I/O pass): their catcher reads it (DiLoCo welcomes the newcomer)
-            self.arrival_gen = int(d["gen"])
         if "joined_last" in d:  # the end of a join(), not a change of workers: nothing to restore
             self.joined_ranks = set()
             self._join_last = int(d["joined_last"])

@@ -124,3 +124,32 @@ def test_an_op_of_a_tensor_submitted_after_the_change_raises_and_its_next_one_go
         _take(eng)
     gen, entry = _take(eng)
     assert gen == 2 and entry.busy and entry.busy_gen == 2
+
+
+class _Watched(Engine):
+    """An engine that records, each time a change is marked unseen, which arrival it knew of then."""
+
+    marks: list
+
+    @property
+    def changed_unseen(self):
+        return self._unseen
+
+    @changed_unseen.setter
+    def changed_unseen(self, value):
+        self._unseen = value
+        if value:
+            self.marks.append(self.arrival_gen)
+
+
+def test_a_change_that_brought_a_worker_in_is_known_before_the_change_is_marked():
+    """Whoever catches the change's WorkersChanged reads arrival_gen to welcome the newcomer (DiLoCo); a
+    catcher that read it before it was set went on without the welcome the others waited for (a replacement
+    test's 30 s timeout)."""
+    eng = _resettable()
+    watched = _Watched.__new__(_Watched)
+    watched.__dict__.update({k: v for k, v in eng.__dict__.items() if k != "changed_unseen"})
+    watched._unseen, watched.marks = False, []
+    watched._reset({"gen": 2, "num_workers": 3, "ranks": {"0": 0}, "lost": "a late worker came in as rank 2",
+                    "came_in": True})
+    assert watched.marks == [2] and watched.arrival_gen == 2
