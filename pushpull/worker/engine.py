@@ -492,9 +492,10 @@ class Engine:
         self.van.call_soon(lambda: self.pipeline.start(op))
         return op.handle
 
-    def _take_entry(self, name: str, shape: tuple, dtype: DType, compression: dict | None, spec: KeySpec) -> tuple[int, Entry]:
-        """Mark ``name``'s entry busy for a new op; return the job's generation the op belongs to and the entry. Raise
-        WorkersChanged if the job changed since this worker's last operation, ValueError if an op of it is in
+    def _take_entry(self, name: str, shape: tuple, dtype: DType, compression: dict | None,
+                    spec: KeySpec) -> tuple[int, Entry]:
+        """Mark ``name``'s entry busy for a new op; return the job's generation the op belongs to and the entry.
+        Raise WorkersChanged if the job changed since this worker's last operation, ValueError if an op of it is in
         flight. An op of it from before a change (the I/O thread is failing it: restart(), or start() for one
         not started yet) is waited for: its caller already had WorkersChanged and restored, and this is its
         first push after that."""
