@@ -49,6 +49,9 @@ class DirectCalls:
             return self._exchange(kind, e, tensor, output, name, average, gen, sig)
         except WorkersChanged:
             eng.changed_unseen = False
+            # the new job's rounds of this tensor start from 1 and none has run (it was busy all along): its count
+            # is 0 again, whether the change's restart zeroed it before this call counted its round or after
+            e.round = 0
             raise
         except PushPullError:
             eng.stats["errors"] += 1

@@ -153,3 +153,27 @@ def test_a_change_that_brought_a_worker_in_is_known_before_the_change_is_marked(
     watched._reset({"gen": 2, "num_workers": 3, "ranks": {"0": 0}, "lost": "a late worker came in as rank 2",
                     "came_in": True})
     assert watched.marks == [2] and watched.arrival_gen == 2
+
+
+def test_a_direct_call_that_a_change_cuts_off_leaves_its_tensor_at_round_0_for_the_new_job():
+    """The direct path counts its round after it took the generation; a change's restart (zeroing every tensor's
+    round on the I/O thread) could land before that count, and the tensor would run one round ahead of the other
+    workers in the new job, its next call timing out."""
+    import numpy as np
+
+    from pushpull.worker.direct_call import DirectCalls
+    from pushpull.worker.table import READY
+
+    eng = _engine(gen=1)
+    entry = eng.table.entry("t", SHAPE, dtypes.BY_NAME["float32"], None, PLAIN, eng.cfg)
+    entry.state, entry.round = READY, 1  # the restart below ran before this call counted its round: it says 2
+
+    def exchange(sock, header, payload, timeout, alive):
+        eng.kv.gen = 2  # the change: the server drops the old generation's push and the wait sees it
+        raise ConnectionError(alive())
+    eng.direct = SimpleNamespace(closed=False, exchange=exchange)
+    eng.pipeline.tracer = None
+    eng.averager = Averager(2)
+    with pytest.raises(WorkersChanged):
+        DirectCalls(eng).push_pull_now(np.ones(SHAPE, np.float32), None, "t", True)
+    assert entry.round == 0 and not entry.busy
