@@ -16,8 +16,11 @@ pytest.importorskip("accelerate", reason="the [huggingface] extra (accelerate, w
 
 @pytest.fixture(scope="module")
 def hf_job() -> list[tuple]:
+    # transformers and accelerate take their time to import before a worker registers: 15 s (the default
+    # registration deadline) ran out once on this VM with the scheduler and server up, no worker in yet
     argv = [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--env",
-            "OMP_NUM_THREADS=1", "--", sys.executable, str(ROOT / "tests" / "scripts" / "hf_worker.py"), "60"]
+            "OMP_NUM_THREADS=1", "--env", "PUSHPULL_REGISTER_TIMEOUT=90", "--", sys.executable,
+            str(ROOT / "tests" / "scripts" / "hf_worker.py"), "60"]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
