@@ -9,14 +9,16 @@ import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from pushpull import dtypes
 from pushpull.config import load_config
 from pushpull.worker.average import Averager
+from pushpull.worker.direct_call import DirectCalls
 from pushpull.worker.engine import Engine
 from pushpull.worker.handle import PushPullError, WorkersChanged
-from pushpull.worker.table import PLAIN, TensorTable, new_stats
+from pushpull.worker.table import PLAIN, READY, TensorTable, new_stats
 
 SHAPE = (4,)
 
@@ -159,11 +161,6 @@ def test_a_direct_call_that_a_change_cuts_off_leaves_its_tensor_at_round_0_for_t
     """The direct path counts its round after it took the generation; a change's restart (zeroing every tensor's
     round on the I/O thread) could land before that count, and the tensor would run one round ahead of the other
     workers in the new job, its next call timing out."""
-    import numpy as np
-
-    from pushpull.worker.direct_call import DirectCalls
-    from pushpull.worker.table import READY
-
     eng = _engine(gen=1)
     entry = eng.table.entry("t", SHAPE, dtypes.BY_NAME["float32"], None, PLAIN, eng.cfg)
     entry.state, entry.round = READY, 1  # the restart below ran before this call counted its round: it says 2
