@@ -151,7 +151,7 @@ class DiLoCoPlan:
 MAX_OVERLAP = 0.25  # of H: the planner merges no answer staler than a quarter of a round
 
 
-def _overlap_for(x: float, c: float, h: int, f: int) -> int:
+def overlap_for(x: float, c: float, h: int, f: int) -> int:
     """The fewest inner steps that hide an exchange of ``x`` seconds, within the fragment's slot (H/F - 1
     steps, so that a fragment's exchanges never pile up) and a quarter of H: an answer merged t steps after
     its push misses t steps of this worker's progress (Streaming DiLoCo kept t at 1-5 of H = 100)."""
@@ -163,7 +163,7 @@ def plan_diloco(profile: Profile, cluster: ClusterConfig, target: float = 0.9, s
                 h_grid=H_GRID, fragment_grid=FRAGMENT_GRID, codecs=CODECS) -> DiLoCoPlan:
     """The setting closest to synchronous training that keeps utilisation >= ``target``: the smallest H
     (fewer inner steps apart is closer to synchronous, DiLoCo's finding), then no codec before int8 before
-    int4, then the fewest fragments; for each (H, F, codec) the overlap that hides the exchange (:func:`_overlap_for`)."""
+    int4, then the fewest fragments; for each (H, F, codec) the overlap that hides the exchange (:func:`overlap_for`)."""
     if sync_step_s is None:
         from pushpull.sim.plan import plan
 
@@ -178,7 +178,7 @@ def plan_diloco(profile: Profile, cluster: ClusterConfig, target: float = 0.9, s
                 if f > len(numels) or f > h:
                     continue
                 probe = predict(profile, cluster, DiLoCoSetting(h, f, 0, codec), exchanges)
-                overlap = _overlap_for(probe.exchange_s, probe.compute_s, h, f)
+                overlap = overlap_for(probe.exchange_s, probe.compute_s, h, f)
                 r = probe if overlap == 0 else predict(profile, cluster, DiLoCoSetting(h, f, overlap, codec),
                                                        exchanges)
                 results.append(r)

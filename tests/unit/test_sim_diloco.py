@@ -9,7 +9,7 @@ from pushpull.sim.diloco import DiLoCoSetting, codec_ratio, exchange_s, plan_dil
 from pushpull.sim.synthetic import synthetic_profile
 from pushpull.units import rate_bytes
 
-NUMELS = [250_000] * 8  # 8 MB of fp32 in 8 tensors, as benchmarks/diloco_speed.py
+NUMELS = [250_000] * 8  # 8 MB of fp32 in 8 tensors
 COMPUTE_S = 0.1
 
 
