@@ -43,6 +43,14 @@ def test_strategies_over_allreduce_with_rank_dependent_order():
     assert out.count("case order ok") == 3
 
 
+def test_allreduce_reduces_a_large_tensor_in_pieces_side_by_side():
+    """A CPU tensor larger than SPLIT_BYTES goes in several collectives on the backend's own gloo group (of
+    GLOO_THREADS threads), which a link with delay needs (pushpull/torch/allreduce_backend.py); every element
+    of the sum lands in place, in rank-dependent submission orders."""
+    out = launch(3, 1, ["pieces"], {"PUSHPULL_BACKEND": "allreduce"})
+    assert out.count("case pieces ok") == 3
+
+
 def test_allreduce_fuses_small_tensors_of_mixed_dtypes():
     """Tensor fusion in the all-reduce backend: mixed dtypes and a large tensor between small ones, in
     rank-dependent orders, reduce right; a dtype changed after first use fails that tensor by name."""

@@ -272,8 +272,37 @@ def case_fusion() -> None:
     print(f"fusion ok: {red.stats}", flush=True)
 
 
+def case_pieces() -> None:
+    """All-reduce: a tensor larger than SPLIT_BYTES goes through the backend's own gloo group in several
+    collectives side by side, beside a small one, and every element lands where it belongs (exact float64
+    sums of rank- and position-dependent values, so a piece reduced into the wrong place shows)."""
+    from pushpull.torch import allreduce_backend as allreduce
+
+    red = allreduce.get_reducer()
+    if red.cpu_group is None:
+        fail("pieces: the backend has no gloo group of its own for CPU tensors")
+    r, n = bps.rank(), bps.size()
+    numel = 2 * allreduce.SPLIT_BYTES // 8 + 1001   # three pieces of float64
+    pos = torch.arange(numel, dtype=torch.float64)
+    for rnd in range(2):
+        before = red.stats["collectives"]
+        big, small = pos * (r + 1) + rnd, torch.full((7,), float(r))
+        hs = [red.submit(x, name, average=False) for name, x in my_order([("pieces.big", big),
+                                                                           ("pieces.small", small)])]
+        for h in hs:
+            red.wait(h, timeout=60)
+        want = pos * sum(range(1, n + 1)) + n * rnd
+        if not torch.equal(big, want):
+            bad = (big != want).nonzero()[:3].flatten().tolist()
+            fail(f"pieces: round {rnd}, elements {bad} of the large tensor are wrong")
+        close(f"pieces: the small tensor beside it, round {rnd}", small, torch.full((7,), float(sum(range(n)))))
+        if red.stats["collectives"] - before < 3:
+            fail(f"pieces: {numel * 8} bytes went in {red.stats['collectives'] - before} collective(s), not 3 pieces")
+    print(f"pieces ok: {red.stats}", flush=True)
+
+
 CASES = {"sums": case_sums, "train": case_train, "layerwise": case_layerwise, "order": case_order,
-         "mismatch": case_mismatch, "fusion": case_fusion}
+         "mismatch": case_mismatch, "fusion": case_fusion, "pieces": case_pieces}
 
 
 def main() -> None:
