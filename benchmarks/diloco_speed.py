@@ -191,6 +191,8 @@ def main(argv=None) -> int:
                    help="net.ipv4.tcp_slow_start_after_idle=0 on every emulated host (Linux's default is 1: an "
                         "idle connection starts again from the initial window)")
     p.add_argument("--out", default=None, help="write the results page here (markdown, and .json beside it)")
+    p.add_argument("--save-profile", default=None,
+                   help="only write the model's profile to this file (for `pushpull bench grid` configs) and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--profile-path", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -205,6 +207,9 @@ def main(argv=None) -> int:
     from pushpull.units import rate_bytes
 
     prof = lm_profile(args)
+    if args.save_profile:
+        prof.save(args.save_profile)
+        return 0
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     prof_path = LOG_DIR / "profile.json"
     prof.save(prof_path)
