@@ -524,22 +524,31 @@ def _create() -> AllReducer:
         raise PushPullError(f"all-reduce backend: torch.distributed is initialised as rank "
                             f"{dist.get_rank()}/{dist.get_world_size()} but pushpull is rank {rank}/{size}")
     ctrl = dist.new_group(backend="gloo", timeout=timeout)
-    cpu = _cpu_group(rank, size, timeout)
+    cpu = _cpu_group(rank, size, timeout, f"pushpull-cpu-data/{ctrl.group_name}")
+    # every rank reduces CPU tensors on that group or none does: a rank that could not build it would
+    # otherwise issue its collectives on another group than the others'
+    have = torch.tensor([0 if cpu is None else 1], dtype=torch.int32)
+    dist.all_reduce(have, op=dist.ReduceOp.MIN, group=ctrl)
+    if cpu is not None and not int(have):
+        log.warning("all-reduce backend: another rank has no gloo group of %d threads; CPU tensors go through "
+                    "the job's group on every rank", GLOO_THREADS)
+        cpu = None
     log.info("all-reduce backend: rank %d/%d, %s%s", rank, size, dist.get_backend(),
              f", CPU tensors on gloo with {GLOO_THREADS} threads" if cpu is not None else "")
     return AllReducer(rank, size, cfg.timeout, None, ctrl, own, cpu)
 
 
-def _cpu_group(rank: int, size: int, timeout: datetime.timedelta):
+def _cpu_group(rank: int, size: int, timeout: datetime.timedelta, prefix: str):
     """A gloo group with ``GLOO_THREADS`` threads, on the interfaces the job's gloo uses (GLOO_SOCKET_IFNAME),
-    through the job's rendezvous store. Every rank builds it at once (it connects every pair). None, and the
-    job's group for every tensor, where it cannot be built (logged): a slower path, not a failure."""
+    through the job's rendezvous store under ``prefix`` (one per reducer: a later one must not meet an earlier
+    one's addresses). Every rank builds it at once (it connects every pair). None, and the job's group for
+    every tensor, where it cannot be built (logged): a slower path, not a failure."""
     if os.environ.get("GLOO_DEVICE_TRANSPORT"):
         return None  # a transport of the user's choosing: keep the group torch built with it
     try:
         from torch.distributed import ProcessGroupGloo
 
-        store = dist.PrefixStore("pushpull-cpu-data", dist.distributed_c10d._get_default_store())
+        store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
         opts = ProcessGroupGloo._Options()
         names = [i for i in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if i]
         opts._devices = ([ProcessGroupGloo.create_device(interface=i) for i in names] if names
