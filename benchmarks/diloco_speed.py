@@ -41,7 +41,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKERS, SERVERS = 4, 2
 CONTEXT = 128          # tokens per window, as benchmarks/diloco_quality.py
 DDP_BUCKET_MB = 25.0   # DistributedDataParallel's default
