@@ -8,9 +8,10 @@ the job's parameter servers.
     trainer = PushPullTrainer(model=model, args=TrainingArguments(...), train_dataset=train)
     trainer.train()
 
-and ``pushpull launch --workers N --servers K -- python train.py``, or BytePS-style roles (docs/api.md). Not under
-torchrun or mpirun yet: Accelerate reads their variables and would start torch.distributed's own data
-parallelism beside pushpull's (tested: pushpull launch).
+and ``pushpull launch --workers N --servers K -- python train.py``, BytePS-style roles (docs/api.md), or torchrun
+(``accelerate launch``), srun and mpirun: Accelerate, which Trainer runs on, would read their rank variables and
+start torch.distributed's own data parallelism beside pushpull's, so its state is built as a job of one process
+(:func:`pushpull.accelerate.accelerate_as_one_process`), also where ``TrainingArguments`` built it before.
 
 Why a subclass and not Trainer's own distributed mode: Trainer's data parallelism is torch.distributed's DDP
 (through Accelerate), whose all-reduce runs over gloo or NCCL; here every process is a Trainer of one
@@ -31,11 +32,24 @@ Evaluation runs on every worker over the whole evaluation set (each reports the 
 from __future__ import annotations
 
 import torch
+from accelerate.utils import DistributedType
 from torch.utils.data.distributed import DistributedSampler
 from transformers import Trainer
 
 import pushpull.torch as bps
+from pushpull.accelerate import accelerate_as_one_process
 from pushpull.torch.functions import average_gradients
+
+
+def _as_one_process(training_args) -> None:
+    """``TrainingArguments`` set Accelerate up when they were built; under torchrun or mpirun that was a
+    torch.distributed job of several processes: set it up again as one (its process group, if it made one,
+    stays unused)."""
+    state = getattr(training_args, "distributed_state", None)
+    if "_setup_devices" in vars(training_args) and state is not None and state.distributed_type != DistributedType.NO:
+        del vars(training_args)["_setup_devices"]  # a cached_property: the next read runs it again
+        with accelerate_as_one_process():
+            training_args._setup_devices
 
 
 class PushPullTrainer(Trainer):
@@ -44,7 +58,11 @@ class PushPullTrainer(Trainer):
     def __init__(self, *args, **kwargs):
         if not bps.is_initialized():
             bps.init()
-        super().__init__(*args, **kwargs)
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if training_args is not None:
+            _as_one_process(training_args)
+        with accelerate_as_one_process():
+            super().__init__(*args, **kwargs)
         self._pushpull_step = 0
 
     # -- the start -----------------------------------------------------------------------------------------

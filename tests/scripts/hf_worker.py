@@ -1,4 +1,4 @@
-"""transformers.Trainer on pushpull (pushpull.huggingface.PushPullTrainer) under pushpull launch: a small GPT-2
+"""transformers.Trainer on pushpull (pushpull.huggingface.PushPullTrainer) under pushpull launch or torchrun: a small GPT-2
 built from a config (no download) on byte-level text of this repository's own Python files; prints the
 held-out loss before and after, and checks that every worker ends with identical parameters."""
 import sys
@@ -49,9 +49,11 @@ with tempfile.TemporaryDirectory() as out:
     before = trainer.evaluate()["eval_loss"]
     trainer.train()
     after = trainer.evaluate()["eval_loss"]
+    wrapped = type(trainer.model_wrapped).__name__  # DistributedDataParallel where Accelerate ran its own DDP
 flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 total = bps.push_pull(flat.clone(), average=False, name="hf.check")
 same = torch.allclose(total, flat * bps.size(), atol=1e-6)
 print(f"HF rank {bps.rank()} of {bps.size()}: eval loss {before:.3f} -> {after:.3f}; identical parameters {same}; "
-      f"gradient averages {trainer._pushpull_step}", flush=True)
+      f"gradient averages {trainer._pushpull_step}; Accelerate {trainer.accelerator.distributed_type.value}, model "
+      f"{wrapped}", flush=True)
 bps.shutdown()
