@@ -1,11 +1,12 @@
 """Hugging Face Accelerate on pushpull (pushpull.accelerate.PushPullAccelerator): an Accelerate training loop of 2
-workers (tests/scripts/accelerate_worker.py) under pushpull launch and under torchrun, against the same training
+workers (tests/scripts/accelerate_worker.py) under pushpull launch, torchrun and mpirun, against the same training
 replayed in one process."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +21,19 @@ LAUNCHERS = {
     "pushpull launch": [sys.executable, "-m", "pushpull", "launch", "--workers", "2", "--servers", "1", "--env",
                         "OMP_NUM_THREADS=1", "--env", "PUSHPULL_REGISTER_TIMEOUT=90", "--", sys.executable, WORKER],
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER],
+    # Open MPI's rank variables (OMPI_COMM_WORLD_*) are others that Accelerate reads
+    "mpirun": [shutil.which("mpirun") or "mpirun", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
+    + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + [sys.executable, WORKER],
 }
 
 
 @pytest.fixture(scope="module", params=sorted(LAUNCHERS))
 def ranks(request) -> list[dict]:
+    if request.param == "mpirun" and shutil.which("mpirun") is None:
+        pytest.skip("no mpirun here (Debian: apt-get install openmpi-bin)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PUSHPULL_"))}
     res = subprocess.run(LAUNCHERS[request.param], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "PUSHPULL_REGISTER_TIMEOUT": "90"})
+                         env={**env, "OMP_NUM_THREADS": "1", "PUSHPULL_REGISTER_TIMEOUT": "90"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     rows = sorted((json.loads(m) for m in re.findall(r"ACCELERATE (\{.*\})", out)), key=lambda r: r["rank"])
