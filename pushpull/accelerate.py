@@ -112,6 +112,7 @@ class PushPullAccelerator(Accelerator):
         self._pending: dict[int, int] = {}                           # id(param) -> handle of this pass
         self._hook_handles: list = []
         self._model_count = 0
+        self._no_sync = 0   # depth of no_sync() blocks: their backward passes only accumulate
 
     # -- who is who ----------------------------------------------------------------------------------------
     @property
@@ -154,9 +155,21 @@ class PushPullAccelerator(Accelerator):
                 self._grads[id(p)] = (prefix + name, p)
                 self._hook_handles.append(p.register_post_accumulate_grad_hook(self._on_gradient))
 
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        """As DDP's ``no_sync``: the backward passes inside only accumulate (``accumulate()`` does it for you)."""
+        self._no_sync += 1
+        try:
+            yield
+        finally:
+            self._no_sync -= 1
+
+    def _averaging(self) -> bool:
+        return self.sync_gradients and self._no_sync == 0 and bps.size() > 1
+
     def _on_gradient(self, p: torch.nn.Parameter) -> None:
         """The backward pass has finished ``p``'s gradient: start its average if this pass ends a cycle."""
-        if not self.sync_gradients or id(p) not in self._grads:
+        if not self._averaging() or id(p) not in self._grads:
             return
         name, _ = self._grads[id(p)]
         if id(p) in self._pending:
@@ -171,7 +184,7 @@ class PushPullAccelerator(Accelerator):
         except BaseException:
             self._drain()
             raise
-        if self.sync_gradients and bps.size() > 1:
+        if self._averaging():
             self._finish()
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement=None):
@@ -224,7 +237,9 @@ class PushPullAccelerator(Accelerator):
         """Every worker's tensors concatenated along dimension 0, in rank order (sizes may differ)."""
         if bps.size() == 1:
             return tensor
-        return recursively_apply(lambda t: bps.allgather(t.contiguous()), tensor, error_on_other_type=True)
+        # a 0-dim tensor gathers as one row per worker, as Accelerate's gather does
+        return recursively_apply(lambda t: bps.allgather((t[None] if t.dim() == 0 else t).contiguous()), tensor,
+                                 error_on_other_type=True)
 
     def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
         ops = {"sum": bps.Sum, "mean": bps.Average, "max": bps.Max, "min": bps.Min}

@@ -77,6 +77,7 @@ def test_objects_and_reductions_span_the_workers(ranks):
     for r in ranks:
         assert r["objects"] == ["rank0", "rank1"]
         assert r["reduced"] == [3.0]
+        assert r["scalars"] == [0.0, 1.0]  # a 0-dim tensor gathers as one row per worker
     assert [r["padded"] for r in ranks] == [[1.0, 0.0], [1.0, 1.0]]
 
 

@@ -114,6 +114,7 @@ def main() -> None:
             preds.append(gp)
     objects = accelerator.gather_for_metrics([f"rank{rank}"])
     total = accelerator.reduce(torch.tensor([float(rank + 1)]), reduction="sum")
+    scalars = accelerator.gather(torch.tensor(float(rank)))
     padded = accelerator.pad_across_processes(torch.ones(rank + 1), dim=0)
     accelerator.wait_for_everyone()
     with tempfile.TemporaryDirectory() as folder:
@@ -126,7 +127,7 @@ def main() -> None:
         "num_processes": accelerator.num_processes, "is_main": accelerator.is_main_process,
         "torch_distributed": dist.is_available() and dist.is_initialized(),
         "seen": seen, "first_loss": sum(losses[:4]) / 4, "last_loss": sum(losses[-4:]) / 4,
-        "eval_indices": gathered_idx, "objects": objects, "reduced": total.tolist(),
+        "eval_indices": gathered_idx, "objects": objects, "reduced": total.tolist(), "scalars": scalars.tolist(),
         "padded": padded.tolist(), "wrote": wrote, "lr": sched.get_last_lr()[0],
         "params": [round(float(v.double().sum()), 6) for v in model.state_dict().values()],
     }
