@@ -30,7 +30,9 @@ step) answers as under ``accelerate launch``. What torch.distributed did becomes
   same tensors;
 * **the start**: ``prepare`` broadcasts rank 0's parameters and buffers of every model;
 * **data**: each worker takes its share of every batch sampler (Accelerate's own sharding); a shuffling
-  sampler is seeded from rank 0's seed, so the workers agree on each epoch's order;
+  ``RandomSampler`` is seeded from rank 0's seed (or ``data_seed``), so the workers agree on each epoch's order
+  (another random sampler must be seeded alike on every worker: Accelerate's broadcast of rank 0's generator
+  state runs over torch.distributed);
 * ``gather``, ``gather_for_metrics``, ``reduce``, ``pad_across_processes``, ``wait_for_everyone``,
   ``main_process_first``: pushpull's allgather, allreduce and barrier; trackers log on rank 0 only.
 
@@ -224,11 +226,13 @@ class PushPullAccelerator(Accelerator):
 
     # -- data ------------------------------------------------------------------------------------------------
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
-        if bps.size() > 1 and self.dataloader_config.data_seed is None:
-            # every worker walks the same shuffled order and takes its share of it
+        if bps.size() > 1:
+            # every worker walks the same shuffled order and takes its share of it (Accelerate's own way, a
+            # broadcast of rank 0's generator state each epoch, runs over torch.distributed)
             self.dataloader_config.use_seedable_sampler = True
-            self.dataloader_config.data_seed = int(bps.broadcast_object(int(torch.initial_seed() % 2**62),
-                                                                        root_rank=0, name="accelerate.data_seed"))
+            if self.dataloader_config.data_seed is None:
+                self.dataloader_config.data_seed = int(bps.broadcast_object(
+                    int(torch.initial_seed() % 2**62), root_rank=0, name="accelerate.data_seed"))
         return super().prepare_data_loader(data_loader, device_placement=device_placement,
                                            slice_fn_for_dispatch=slice_fn_for_dispatch)
 
