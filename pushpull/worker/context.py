@@ -356,8 +356,8 @@ class JobContext:
             return "finished (already synchronized)"
         if h.done():
             return "finished"
-        texts = [p._describe() for p in _leaves(h) if not p.done() and p._describe is not None]
-        return "; ".join(texts) or "no reply"
+        texts = [p.describe() for p in _leaves(h) if not p.done()]
+        return "; ".join(t for t in texts if t != "no reply") or "no reply"
 
     def when_done(self, handle: int, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once the operation behind ``handle`` has finished, successfully or not: at once if

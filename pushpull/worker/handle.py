@@ -48,6 +48,12 @@ class Handle:
     def done(self) -> bool:
         return self._done
 
+    def describe(self) -> str:
+        """What the operation waits on (its owner's account), or "no reply"; read once, since completion clears
+        it from another thread."""
+        fn = self._describe
+        return fn() if fn is not None else "no reply"
+
     def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
         with Handle._callbacks_lock:
             if not self._done:
@@ -68,8 +74,8 @@ class Handle:
 
     def wait(self, timeout: float):
         if not self._wait_done(timeout):
-            what = self._describe() if self._describe else "no reply"
-            text = f"push_pull of tensor {self.name!r} did not finish within {timeout:.0f}s (PUSHPULL_TIMEOUT): {what}"
+            text = (f"push_pull of tensor {self.name!r} did not finish within {timeout:.0f}s (PUSHPULL_TIMEOUT): "
+                    f"{self.describe()}")
             self.abandon(text)
             raise PushPullError(text)
         if self.error is not None:
@@ -88,9 +94,8 @@ class Handle:
                 raise PushPullError(f"{op} of tensor {self.name!r}: {reason}")
             left = deadline - time.monotonic()
             if left <= 0:
-                what = self._describe() if self._describe else "no reply"
                 text = (f"{op} of tensor {self.name!r} did not finish within "
-                        f"{timeout if limit is None else limit:.0f}s (PUSHPULL_TIMEOUT): {what}")
+                        f"{timeout if limit is None else limit:.0f}s (PUSHPULL_TIMEOUT): {self.describe()}")
                 self.abandon(text)
                 raise PushPullError(text)
             self._wait_done(min(left, 0.25))
@@ -104,6 +109,10 @@ class Handle:
             self.error_type = exc
             self._done = True
             callbacks, self._callbacks = self._callbacks, None
+            # the owner's closures refer to its operation, which refers to this handle: a reference cycle that
+            # would keep the operation's buffers (a gradient, its output) alive until Python's cyclic garbage
+            # collector ran, gigabytes for a large model; done, neither is called again
+            self._describe = self._abandon = None
         self._latch.release()
         for fn in callbacks or ():
             fn(self)

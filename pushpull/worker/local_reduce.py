@@ -265,8 +265,9 @@ class LocalReduce:
         return h
 
     def _describe(self, op: LocalOp) -> str:
-        if op.stage == "net" and op.net is not None and op.net._describe is not None:
-            return f"its slice's push_pull: {op.net._describe()}"
+        net = op.net
+        if op.stage == "net" and net is not None and not net.done():
+            return f"its slice's push_pull: {net.describe()}"
         return f"the local reduce waits ({op.stage}) for local rank(s) {op.waiting}"
 
     # ------------------------------------------------------------ thread --
