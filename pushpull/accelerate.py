@@ -177,8 +177,11 @@ class PushPullAccelerator(Accelerator):
         if id(p) in self._pending:
             raise RuntimeError(f"gradient of {name!r} finished twice in one backward pass of a synchronizing "
                                f"step: call accelerator.backward() once per step, or use accelerator.accumulate()")
-        self._pending[id(p)] = bps.push_pull_async_inplace(p.grad, average=True, name=name,
-                                                          compression=self._compression)
+        self._start_average(id(p), name, p)
+
+    def _start_average(self, key: int, name: str, p: torch.nn.Parameter) -> None:
+        self._pending[key] = bps.push_pull_async_inplace(p.grad, average=True, name=name,
+                                                         compression=self._compression)
 
     def backward(self, loss, **kwargs) -> None:
         try:
@@ -203,8 +206,7 @@ class PushPullAccelerator(Accelerator):
             if key not in self._pending:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                self._pending[key] = bps.push_pull_async_inplace(p.grad, average=True, name=name,
-                                                                 compression=self._compression)
+                self._start_average(key, name, p)
         self._drain(raise_errors=True)
 
     def _drain(self, raise_errors: bool = False) -> None:
